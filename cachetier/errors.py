@@ -1,0 +1,71 @@
+"""The tierdata error hierarchy, shared by every layer.
+
+::
+
+    TierdataError                       base of everything we raise on purpose
+    ├── NotFoundError (FileNotFoundError)   a key, object, ref or path that does not exist
+    ├── ConflictError                   a compare-and-swap lost a race (someone moved the ref)
+    ├── IntegrityError                  stored bytes do not match their content hash
+    ├── BadInputError (ValueError)      malformed user input: a source file, a ref name, a flag
+    ├── StoreUnavailableError (OSError) the object store cannot be reached after retries
+    └── UsageError (ValueError)         an operation that makes no sense in this state
+
+Every error carries the thing at fault (``subject``: a key, ref, path or ``file:line``)
+and, where one helps, a ``hint`` saying what to do. ``str(err)`` is one line that names
+both, so the CLI prints it as is. Errors of backends (botocore, minio, fsspec, lmdb,
+OSError) are translated where they enter, with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TierdataError",
+    "NotFoundError",
+    "ConflictError",
+    "IntegrityError",
+    "BadInputError",
+    "StoreUnavailableError",
+    "UsageError",
+]
+
+
+class TierdataError(Exception):
+    """Base class: a one-line message, the subject at fault and an optional hint."""
+
+    def __init__(self, message: str, *, subject: str | None = None, hint: str | None = None):
+        self.message = message
+        self.subject = subject
+        self.hint = hint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.subject and self.subject not in text:
+            text = f"{self.subject}: {text}"
+        if self.hint:
+            text = f"{text} ({self.hint})"
+        return text.replace("\n", " ")
+
+
+class NotFoundError(TierdataError, FileNotFoundError):
+    """A key, object, ref or path that does not exist."""
+
+
+class ConflictError(TierdataError):
+    """A compare-and-swap lost: the ref moved since it was read."""
+
+
+class IntegrityError(TierdataError):
+    """Bytes read back do not hash to the id they were stored under."""
+
+
+class BadInputError(TierdataError, ValueError):
+    """Malformed input: a source file (with its line), a ref name, a parameter."""
+
+
+class StoreUnavailableError(TierdataError, OSError):
+    """The object store could not be reached, even after retries."""
+
+
+class UsageError(TierdataError, ValueError):
+    """An operation that cannot be done in the current state (e.g. commit with nothing staged)."""
