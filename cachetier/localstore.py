@@ -44,6 +44,8 @@ class LocalStore(Store):
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         path = self._path(key)
+        if byte_range is not None and min(byte_range) < 0:
+            raise BadInputError(f"invalid byte range {byte_range!r}", subject=f"{self.url}/{key}")
         try:
             with open(path, "rb") as f:
                 if byte_range is None:
@@ -51,9 +53,8 @@ class LocalStore(Store):
                 start, end = byte_range
                 f.seek(start)
                 return f.read(max(0, end - start))
-        except FileNotFoundError as e:
-            raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
-        except IsADirectoryError as e:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            # a folder of other keys, or a path below a value, is not a key either
             raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
 
     def put(self, key: str, data: BytesLike) -> None:
@@ -63,6 +64,9 @@ class LocalStore(Store):
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
+        except IsADirectoryError as e:
+            tmp.unlink(missing_ok=True)
+            raise _folder_clash(key) from e
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -73,19 +77,24 @@ class LocalStore(Store):
         try:
             shutil.copyfile(path, tmp)
             os.replace(tmp, target)
+        except IsADirectoryError as e:
+            tmp.unlink(missing_ok=True)
+            raise _folder_clash(key) from e
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
     def get_to_file(self, key: str, path: str | os.PathLike[str]) -> None:
-        try:
-            shutil.copyfile(self._path(key), path)
-        except FileNotFoundError as e:
-            raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
+        source = self._path(key)
+        if not source.is_file():
+            raise NotFoundError("no such key", subject=f"{self.url}/{key}")
+        shutil.copyfile(source, path)
 
     def _temp_path(self, target: Path) -> Path:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise _folder_clash(os.path.relpath(target, self.root)) from e
         except OSError as e:
             raise _translate(e, str(target.parent)) from e
         return target.parent / f".tmp.{os.getpid()}.{uuid.uuid4().hex[:12]}.{target.name}"
@@ -94,7 +103,11 @@ class LocalStore(Store):
         return self._path(key).is_file()
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        try:
+            self._path(key).unlink()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+            if self._path(key).is_file():
+                raise
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # Walk only the deepest folder that the prefix fixes, then filter by the full prefix.
@@ -145,6 +158,14 @@ class LocalStore(Store):
             yield
         finally:
             os.close(fd)
+
+
+def _folder_clash(key: str) -> BadInputError:
+    return BadInputError(
+        "a key cannot also be a folder of other keys in a local store",
+        subject=key,
+        hint="use keys that are not prefixes of other keys followed by '/'",
+    )
 
 
 def _translate(err: OSError, where: str) -> Exception:

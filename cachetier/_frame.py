@@ -1,0 +1,55 @@
+"""The frame every cached value is stored in: a 32-byte header, then the payload.
+
+::
+
+    offset  size  field
+    0       4     magic b"TDC1"
+    4       4     flags (reserved, 0)
+    8       8     payload length, little-endian
+    16      16    XXH3-128 of the payload
+
+Why a checksum and not the content hash on every read: a value is admitted to a cache
+tier only after it was read from the object store and verified against its id
+(BLAKE3); from then on the cache only has to notice damage (a torn write, a flipped
+bit, a truncated file), which XXH3-128 does at ~20 GB/s against BLAKE3's ~6 GB/s on one
+core here (0.2 ms against 0.7 ms per 4 MiB). Decoded values have no content id at all,
+so the checksum is their only check. ``verify="hash"`` in the config re-checks the id too.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+from cachetier.hashing import BytesLike
+
+__all__ = ["HEADER_SIZE", "frame_header", "open_frame"]
+
+_HEADER = struct.Struct("<4sIQ16s")
+_MAGIC = b"TDC1"
+HEADER_SIZE = _HEADER.size
+
+
+def frame_header(payload: BytesLike) -> bytes:
+    """Return the header that goes in front of ``payload``."""
+    view = memoryview(payload)
+    return _HEADER.pack(_MAGIC, 0, view.nbytes, xxhash.xxh3_128_digest(view))
+
+
+def open_frame(frame: BytesLike, *, verify: bool = True) -> memoryview | None:
+    """Return a zero-copy view of the payload of ``frame``, or None when it is damaged.
+
+    Damaged means a wrong magic, a length that disagrees with the frame's size, or (with
+    ``verify``) a checksum mismatch.
+    """
+    view = memoryview(frame).cast("B")
+    if view.nbytes < HEADER_SIZE:
+        return None
+    magic, _flags, length, digest = _HEADER.unpack(view[:HEADER_SIZE])
+    if magic != _MAGIC or length != view.nbytes - HEADER_SIZE:
+        return None
+    payload = view[HEADER_SIZE:]
+    if verify and xxhash.xxh3_128_digest(payload) != digest:
+        return None
+    return payload

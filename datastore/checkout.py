@@ -1,0 +1,192 @@
+"""Materialize a version into a folder: tabular data as part files, a ``files`` dataset as files.
+
+Guarantees:
+
+* every shard and chunk is verified against its hash before a byte of it is written,
+  and each output file is written to a temp name and renamed into place, so a checkout
+  that meets corruption fails loudly (IntegrityError) and never leaves a wrong file;
+* a ``files`` checkout never writes outside the target folder, whatever the records'
+  paths say (absolute paths, ``..``, symlinks planted in the target are refused);
+* shards are fetched in parallel, in version order, and written by a small thread pool.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from cachetier.errors import BadInputError
+from datastore.chunking import read_chunks_to
+from datastore.shards import read_shard
+
+if TYPE_CHECKING:
+    from datastore.repo import Repo, VersionInfo
+
+__all__ = ["FORMATS", "materialize", "safe_target", "iter_version_tables"]
+
+FORMATS = ("jsonl", "parquet", "csv", "text", "files")
+_EXT = {"jsonl": "jsonl", "parquet": "parquet", "csv": "csv", "text": "txt"}
+_WRITERS = 4
+
+
+def materialize(repo: Repo, info: VersionInfo, target: Path, *, format: str | None = None) -> dict[str, Any]:
+    """Write the data of version ``info`` into ``target``; return counts (files, records, bytes)."""
+    fmt = format or _default_format(info)
+    if fmt not in FORMATS:
+        raise BadInputError(f"unknown checkout format {fmt!r} (expected one of {', '.join(FORMATS)})", subject=fmt)
+    names = [f["name"] for f in info.record.schema.get("fields", [])]
+    is_files = {"path", "data", "chunks"} <= set(names)
+    if fmt == "files" and not is_files:
+        raise BadInputError(
+            "`--format files` needs a files dataset (columns path, data, chunks)",
+            subject=info.version[:12],
+            hint="use --format jsonl or parquet",
+        )
+    if fmt == "text" and "text" not in names:
+        raise BadInputError("`--format text` needs a 'text' column", subject=info.version[:12])
+    target.mkdir(parents=True, exist_ok=True)
+    if fmt == "files":
+        return _write_files(repo, info, target)
+    return _write_parts(repo, info, target, fmt)
+
+
+def iter_version_tables(repo: Repo, info: VersionInfo, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """Yield each shard of the version as a verified, decoded table, in version order."""
+    table = repo.shard_table(info.version)
+    for _oid, data in repo.objects.get_many(table.hashes()):
+        yield read_shard(data, columns)
+
+
+def _default_format(info: VersionInfo) -> str:
+    fmt = info.record.operation.get("params", {}).get("format")
+    return fmt if fmt in FORMATS else "parquet"
+
+
+def _write_parts(repo: Repo, info: VersionInfo, target: Path, fmt: str) -> dict[str, Any]:
+    records = written = 0
+    with ThreadPoolExecutor(_WRITERS) as pool:
+        futures: list[Future[int]] = []
+        for i, table in enumerate(iter_version_tables(repo, info)):
+            path = target / f"part-{i:05d}.{_EXT[fmt]}"
+            futures.append(pool.submit(_write_part, table, path, fmt))
+            records += table.num_rows
+        for future in futures:
+            written += future.result()
+    return {"files": len(futures), "records": records, "bytes": written}
+
+
+def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        if fmt == "parquet":
+            pq.write_table(table, tmp, compression="zstd")
+        elif fmt == "csv":
+            pacsv.write_csv(table, tmp)
+        elif fmt == "text":
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                for value in table.column("text").to_pylist():
+                    f.write(("" if value is None else value) + "\n")
+        else:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                for row in table.to_pylist():
+                    f.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def safe_target(root: Path, relpath: str) -> Path:
+    """Return ``root/relpath`` if it stays inside ``root``; BadInputError otherwise."""
+    bad = (
+        not relpath
+        or "\x00" in relpath
+        or "\\" in relpath
+        or relpath.startswith("/")
+        or PurePosixPath(relpath).is_absolute()
+        or any(part in ("", ".", "..") for part in relpath.split("/"))
+    )
+    if bad:
+        raise BadInputError(f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath)
+    path = root.joinpath(*relpath.split("/"))
+    real_root = os.path.realpath(root)
+    real_parent = os.path.realpath(path.parent)
+    if os.path.commonpath([real_root, real_parent]) != real_root or os.path.islink(path):
+        raise BadInputError(f"refusing to write through a symlink: {relpath!r}", subject=relpath)
+    return path
+
+
+def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
+    root = target.absolute()
+    records = written = 0
+    with ThreadPoolExecutor(_WRITERS) as pool:
+        futures: list[Future[int]] = []
+        for table in iter_version_tables(repo, info, ["path", "size", "data", "chunks"]):
+            paths = table.column("path").to_pylist()
+            sizes = table.column("size").to_pylist()
+            data = table.column("data")
+            chunks = table.column("chunks")
+            # Validate the whole shard's paths before writing any file of it.
+            targets = [safe_target(root, p) for p in paths]
+            for i, path in enumerate(targets):
+                value = data[i]
+                if value.is_valid:
+                    futures.append(pool.submit(_write_inline, path, value.as_buffer()))
+                else:
+                    ids = chunks[i].as_py() or []
+                    futures.append(pool.submit(_write_chunked, repo, path, ids, sizes[i]))
+            records += table.num_rows
+        for future in futures:
+            written += future.result()
+    return {"files": records, "records": records, "bytes": written}
+
+
+def _write_inline(path: Path, data: pa.Buffer) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(memoryview(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return data.size
+
+
+def _write_chunked(repo: Repo, path: Path, chunk_ids: list[str], size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            n = read_chunks_to(repo.objects, chunk_ids, f, expected_size=size, subject=str(path))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return n

@@ -1,0 +1,377 @@
+"""The ``dataset`` command line: a thin layer over :class:`datastore.Repo`.
+
+Each command is one function that calls the library and renders the result: text on
+stdout (tables on a TTY), JSON with ``--json``; progress and logs go to stderr. Exit
+codes: 0 success, 1 a user error (one line naming the file, line or ref at fault, no
+traceback), 2 a usage error. Set ``TIERDATA_DEBUG=1`` for tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from cachetier.errors import TierdataError
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger("tierdata")
+
+Handler = Callable[[argparse.Namespace], Any]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        result = args.handler(args)
+    except TierdataError as e:
+        return _fail(args, str(e), type(e).__name__)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("TIERDATA_DEBUG"):
+            raise
+        return _fail(args, f"internal error: {type(e).__name__}: {e} (set TIERDATA_DEBUG=1 for a traceback)", "InternalError")
+    if isinstance(result, int):
+        return result
+    return 0
+
+
+def _fail(args: argparse.Namespace, message: str, kind: str) -> int:
+    message = message.replace("\n", " ")
+    print(f"error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        _emit_json({"error": message, "kind": kind})
+    return 1
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=None, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
+    if args.json:
+        _emit_json(data)
+    else:
+        out = text(data)
+        if out:
+            print(out)
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every command (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="dataset",
+        description="Versioned, deduplicated, tiered datasets for ML training.",
+        parents=[_common_options(argparse.SUPPRESS)],
+    )
+    parser.set_defaults(json=False, verbose=False, chdir=None)
+    # Options are accepted before and after the command; SUPPRESS keeps a subcommand's
+    # default from overwriting what was given before it.
+    common = _common_options(argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(handler=_in_dir(handler))
+        return p
+
+    p = command("init", cmd_init, "create (or attach to) a repository and write .dataset/")
+    p.add_argument("url", nargs="?", default="data-repo", help="local path or s3://bucket/prefix (default: ./data-repo)")
+    p.add_argument("--endpoint", help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
+
+    p = command("ingest", cmd_ingest, "read sources, write shards, stage them")
+    p.add_argument("sources", nargs="+", metavar="SRC")
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "text", "files"])
+    p.add_argument("--shard-size", type=_byte_size, metavar="BYTES", help="target shard size (e.g. 32MB)")
+    p.add_argument("--text-column", metavar="COL")
+    p.add_argument("--on-error", default="fail", choices=["fail", "skip"])
+    p.add_argument("--dedup", default="none", choices=["none", "exact", "minhash"])
+
+    command("status", cmd_status, "staged changes and HEAD")
+
+    p = command("version", cmd_version, "commit staged shards as a new version (or `version list`)")
+    p.add_argument("action", nargs="?", choices=["list"], help="`list`: the history, like `log`")
+    p.add_argument("-m", "--message", help="the version message")
+    p.add_argument("--tag", metavar="T", help="also tag the new version")
+    p.add_argument("--replace", action="store_true", help="replace the parent's data instead of appending")
+    p.add_argument("-n", "--limit", type=int)
+
+    p = command("log", cmd_log, "history of REF (default HEAD)")
+    p.add_argument("ref", nargs="?")
+    p.add_argument("-n", "--limit", type=int)
+
+    p = command("show", cmd_show, "one version")
+    p.add_argument("ref", nargs="?")
+
+    p = command("diff", cmd_diff, "what changed from A to B (shards and records)")
+    p.add_argument("a")
+    p.add_argument("b", nargs="?")
+
+    p = command("tag", cmd_tag, "create tag NAME at REF (no NAME: list tags)")
+    p.add_argument("name", nargs="?")
+    p.add_argument("ref", nargs="?")
+
+    p = command("branch", cmd_branch, "create branch NAME at REF (no NAME: list branches)")
+    p.add_argument("name", nargs="?")
+    p.add_argument("ref", nargs="?")
+
+    p = command("checkout", cmd_checkout, "switch HEAD; with --to, write the data into DIR")
+    p.add_argument("ref")
+    p.add_argument("--to", metavar="DIR")
+    p.add_argument("--format", choices=["jsonl", "parquet", "csv", "text", "files"])
+
+    p = command("verify", cmd_verify, "re-hash everything a version references")
+    p.add_argument("ref", nargs="?")
+    p.add_argument("--all", action="store_true", help="every version any branch or tag reaches")
+
+    p = command("gc", cmd_gc, "delete unreferenced objects older than the grace period")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS", help="default 3600")
+
+    return parser
+
+
+def _common_options(default: Any) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=default, help="machine-readable output on stdout")
+    common.add_argument("-v", "--verbose", action="store_true", default=default, help="debug logs on stderr")
+    common.add_argument("-C", dest="chdir", metavar="DIR", default=default, help="run as if started in DIR")
+    return common
+
+
+def _in_dir(handler: Handler) -> Handler:
+    def run(args: argparse.Namespace) -> Any:
+        if args.chdir:
+            os.chdir(args.chdir)
+        return handler(args)
+
+    return run
+
+
+def _byte_size(text: str) -> int:
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+             "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    raw = text.strip().upper()
+    number = raw.rstrip("KMGIB")
+    try:
+        value = float(number) * units[raw[len(number):]]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 33554432, 32MB, 1GiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"byte size must be positive: {text!r}")
+    return int(value)
+
+
+def _open() -> Any:
+    from datastore.repo import Repo
+
+    return Repo.open()
+
+
+@contextmanager
+def _progress(args: argparse.Namespace, desc: str, unit: str = "B"):
+    if args.json or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False) as bar:
+        yield bar.update
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    from datastore.repo import Repo
+
+    options = {"endpoint": args.endpoint} if args.endpoint else {}
+    repo = Repo.init(args.url, workspace=".", **options)
+    _emit(args, {"repo": repo.url, "branch": repo.head.branch}, lambda d: f"repository {d['repo']} (branch {d['branch']})")
+
+
+def cmd_ingest(args: argparse.Namespace) -> None:
+    repo = _open()
+    with _progress(args, "ingest") as progress:
+        summary = repo.ingest(
+            args.sources,
+            format=args.format,
+            shard_size=args.shard_size,
+            text_column=args.text_column,
+            on_error=args.on_error,
+            progress=progress,
+        )
+    if args.dedup != "none":
+        summary["dedup"] = repo.dedup_staged(method=args.dedup)
+    _emit(
+        args,
+        summary,
+        lambda d: (
+            f"staged {d['records']} records in {d['shards']} shards ({_human(d['bytes'])}, {_human(d['new_bytes'])} new)"
+            + (f", skipped {d['skipped']} bad records" if d["skipped"] else "")
+        ),
+    )
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    status = _open().status()
+
+    def text(d: dict[str, Any]) -> str:
+        where = f"on branch {d['branch']}" if d["branch"] else f"HEAD detached at {d['version'][:12]}"
+        head = f"{where} at {d['version'][:12]}" if d["branch"] and d["version"] else where
+        staged = d["staged"]
+        if not staged["ingests"]:
+            return f"{head}\nnothing staged"
+        return f"{head}\nstaged: {staged['records']} records in {staged['shards']} shards ({_human(staged['bytes'])})"
+
+    _emit(args, status, text)
+
+
+def cmd_version(args: argparse.Namespace) -> None:
+    if args.action == "list":
+        return cmd_log(argparse.Namespace(**{**vars(args), "ref": None}))
+    if not args.message:
+        from cachetier.errors import UsageError
+
+        raise UsageError("a version needs a message", subject="version", hint="dataset version -m MESSAGE")
+    info = _open().commit(args.message, tag=args.tag, replace=args.replace)
+    _emit(args, info.to_dict(), lambda d: f"version {d['version'][:12]}: {d['records']} records, {d['shards']} shards")
+    return None
+
+
+def _log_line(d: dict[str, Any]) -> str:
+    return f"{d['version'][:12]}  {d['created'][:19]}  {d['records']:>10} records  {d['message']}"
+
+
+def cmd_log(args: argparse.Namespace) -> None:
+    infos = _open().log(args.ref, limit=args.limit)
+    _emit(args, [i.to_dict() for i in infos], lambda rows: "\n".join(_log_line(d) for d in rows))
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    info = _open().show(args.ref)
+
+    def text(d: dict[str, Any]) -> str:
+        lines = [
+            f"version  {d['version']}",
+            f"parents  {' '.join(p[:12] for p in d['parents']) or '-'}",
+            f"created  {d['created']}  by {d['author']}",
+            f"records  {d['records']}   shards {d['shards']}   bytes {_human(d['bytes'])}",
+            f"op       {d['operation'].get('op')}",
+            f"columns  {', '.join(f['name'] + ':' + f['type'] for f in d['schema'])}",
+            "",
+            f"    {d['message']}",
+        ]
+        return "\n".join(lines)
+
+    _emit(args, info.to_dict(), text)
+
+
+def cmd_diff(args: argparse.Namespace) -> None:
+    result = _open().diff(args.a, args.b).to_dict()
+    _emit(
+        args,
+        result,
+        lambda d: (
+            f"+{d['added_records']} records, -{d['removed_records']} records "
+            f"(+{d['added_shards']} shards, -{d['removed_shards']} shards)"
+        ),
+    )
+
+
+def cmd_tag(args: argparse.Namespace) -> None:
+    repo = _open()
+    if args.name is None:
+        tags = repo.tags()
+        _emit(args, tags, lambda d: "\n".join(f"{k}  {v[:12]}" for k, v in sorted(d.items())))
+        return
+    version = repo.tag(args.name, args.ref)
+    _emit(args, {"tag": args.name, "version": version}, lambda d: f"tag {d['tag']} -> {d['version'][:12]}")
+
+
+def cmd_branch(args: argparse.Namespace) -> None:
+    repo = _open()
+    if args.name is None:
+        current = repo.head.branch
+        branches = repo.branches()
+        _emit(
+            args,
+            branches,
+            lambda d: "\n".join(f"{'*' if k == current else ' '} {k}  {v[:12]}" for k, v in sorted(d.items())),
+        )
+        return
+    version = repo.branch(args.name, args.ref)
+    _emit(args, {"branch": args.name, "version": version}, lambda d: f"branch {d['branch']} -> {d['version'][:12]}")
+
+
+def cmd_checkout(args: argparse.Namespace) -> None:
+    repo = _open()
+    info = repo.checkout(args.ref, to=args.to, format=args.format)
+    data = {**info.to_dict(), "head": repo.head.to_dict(), "to": args.to}
+    _emit(
+        args,
+        data,
+        lambda d: f"HEAD is now {args.ref} ({d['version'][:12]})" + (f"; data written to {d['to']}" if d["to"] else ""),
+    )
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = _open().verify(args.ref, all_refs=args.all)
+
+    def text(d: dict[str, Any]) -> str:
+        lines = [f"{p['problem']} {p['kind']} {p['object']}: {p['message']}" for p in d["problems"]]
+        verdict = "ok" if d["ok"] else f"{len(d['problems'])} problem(s)"
+        lines.append(f"{verdict}: checked {d['objects']} objects ({_human(d['bytes'])}) of {d['versions']} version(s)")
+        return "\n".join(lines)
+
+    _emit(args, report, text)
+    if not report["ok"]:
+        for p in report["problems"]:
+            print(f"error: {p['problem']} {p['kind']} {p['object']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> None:
+    report = _open().gc(dry_run=args.dry_run, grace_seconds=args.grace)
+
+    def text(d: dict[str, Any]) -> str:
+        verb = "would remove" if d["dry_run"] else "removed"
+        lines = [f"{i['kind']} {i['id']}  {_human(i['size'])}" for i in d["items"]] if d["dry_run"] else []
+        lines.append(f"{verb} {d['removed']} item(s), {_human(d['bytes'])}")
+        return "\n".join(lines)
+
+    _emit(args, report, text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

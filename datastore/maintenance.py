@@ -1,0 +1,96 @@
+"""Repository maintenance: ``verify`` (re-hash what versions reference) and ``gc``.
+
+``verify`` reads every object a version references (its record, shard table, shards,
+big-file chunks, audit object), checks each against its id and names each one that
+is missing or corrupt, without stopping at the first. ``gc`` deletes objects and
+version records that no branch or tag reaches and that are older than a grace period,
+so it never removes what a running ingest or commit is about to reference; objects
+staged in this workspace are kept whatever their age.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from cachetier.errors import IntegrityError, NotFoundError, TierdataError
+from versioning import load_shard_table, load_version, reachable, unreachable
+
+if TYPE_CHECKING:
+    from datastore.repo import Repo
+
+__all__ = ["verify", "gc"]
+
+
+def verify(repo: Repo, version: str | None) -> dict[str, Any]:
+    """Check ``version`` (None: every version some branch or tag reaches).
+
+    Returns ``{"ok", "versions", "objects", "bytes", "problems": [{"object", "kind", "problem", "message"}]}``.
+    """
+    problems: list[dict[str, str]] = []
+    if version is None:
+        live = reachable(repo.store, repo.objects)
+        versions = sorted(live.versions)
+    else:
+        versions = [version]
+    wanted: dict[str, str] = {}
+    for vid in versions:
+        try:
+            record = load_version(repo.store, vid, algorithm=repo.algorithm)
+        except (NotFoundError, IntegrityError) as e:
+            problems.append(_problem(vid, "version", e))
+            continue
+        wanted.setdefault(record.data_hash, "shard table")
+        if record.operation.get("audit"):
+            wanted.setdefault(record.operation["audit"], "audit")
+        try:
+            table = load_shard_table(repo.objects, record.data_hash)
+        except (NotFoundError, IntegrityError) as e:
+            problems.append(_problem(record.data_hash, "shard table", e))
+            wanted.pop(record.data_hash, None)
+            continue
+        for oid in table.hashes():
+            wanted.setdefault(oid, "shard")
+        for oid in table.chunk_ids():
+            wanted.setdefault(oid, "chunk")
+
+    def check(item: tuple[str, str]) -> tuple[int, dict[str, str] | None]:
+        oid, kind = item
+        try:
+            return len(repo.objects.get(oid)), None
+        except (NotFoundError, IntegrityError) as e:
+            return 0, _problem(oid, kind, e)
+
+    total = 0
+    with ThreadPoolExecutor(repo.objects.max_workers) as pool:
+        for size, problem in pool.map(check, sorted(wanted.items())):
+            total += size
+            if problem:
+                problems.append(problem)
+    return {
+        "ok": not problems,
+        "versions": len(versions),
+        "objects": len(wanted),
+        "bytes": total,
+        "problems": problems,
+    }
+
+
+def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:
+    state = "missing" if isinstance(error, NotFoundError) else "corrupt"
+    return {"object": oid, "kind": kind, "problem": state, "message": str(error)}
+
+
+def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
+    """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``."""
+    items = unreachable(repo.store, repo.objects, grace_seconds, keep=repo.staged_object_ids())
+    if not dry_run:
+        with ThreadPoolExecutor(repo.objects.max_workers) as pool:
+            list(pool.map(lambda item: repo.store.delete(item.key), items))
+    return {
+        "dry_run": dry_run,
+        "removed": len(items),
+        "bytes": sum(item.size for item in items),
+        "grace_seconds": grace_seconds,
+        "items": [{"kind": i.kind, "id": i.oid, "key": i.key, "size": i.size} for i in items],
+    }

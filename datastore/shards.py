@@ -1,0 +1,367 @@
+"""Shards: deterministic Arrow IPC files with zstd buffers and content-defined boundaries.
+
+A shard is an Arrow IPC *file* (random access, memory-mappable) whose buffers are
+zstd-compressed at a fixed level; it holds the records' columns plus the hidden column
+``__record_hash``. Writing the same records with the same options yields the same bytes
+(columns are copied into fresh, offset-free arrays; the schema metadata is fixed; no
+timestamps), hence the same shard id.
+
+**Boundaries.** A shard ends after a record whose hash meets a threshold, once the
+shard holds at least ``min_size`` bytes (canonical record bytes, see
+:mod:`datastore.recordhash`), or at the record that reaches ``max_size``. The threshold
+makes the chance that a record ends a shard proportional to its size
+(``size / (target - min)``): with a plain bit mask the expected shard would hold a fixed
+*number* of records, whatever their size; this way a shard averages ``shard_size``
+bytes for tiny and large records alike. Because the decision depends only on the record
+itself and the bytes since the previous boundary, an edit moves at most the boundaries
+of the shards around it, and a re-ingest after editing 1% of the records rewrites only
+the shards holding them. (With edits scattered at random a shard of ``k`` records is
+rewritten with chance ``1 - 0.99**k``: at most 10% new bytes needs ``k <= 10``, so pick
+``shard_size`` to suit how the data changes.)
+
+**Default size.** 32 MiB of canonical (uncompressed) bytes: large enough that S3 GETs
+run at full bandwidth and a million-shard table covers ~30 TB, small enough that a
+shuffle window of a few shards fits in RAM and a loader's first batch arrives fast.
+``min_size`` is half the target and ``max_size`` three times it (a shard is cut at the
+max with chance ``e**-5``, so forced cuts rarely break resynchronisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from cachetier.errors import BadInputError, IntegrityError
+from cachetier.hashing import DEFAULT_HASH, BytesLike, content_hash
+from datastore.recordhash import HASH_COLUMN, RecordDigests, digest_prefixes, hash_records
+
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "SHARD_FORMAT",
+    "BoundaryCutter",
+    "EncodedShard",
+    "PendingShard",
+    "ShardInfo",
+    "ShardOptions",
+    "ShardWriter",
+    "encode_shard",
+    "read_shard",
+    "read_shard_schema",
+    "write_shards",
+]
+
+DEFAULT_SHARD_SIZE = 32 << 20
+SHARD_FORMAT = "1"
+_MIN_SHARD_SIZE = 1024
+_MAX_SHARD_SIZE = 2 << 30
+_METADATA = {b"tierdata.shard": SHARD_FORMAT.encode()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardOptions:
+    """How records become shards; equal options and records give equal shard bytes."""
+
+    shard_size: int = DEFAULT_SHARD_SIZE
+    compression_level: int = 3
+    algorithm: str = DEFAULT_HASH
+
+    def __post_init__(self) -> None:
+        if not _MIN_SHARD_SIZE <= self.shard_size <= _MAX_SHARD_SIZE:
+            raise BadInputError(
+                f"shard size {self.shard_size} is out of range",
+                subject="--shard-size",
+                hint=f"use {_MIN_SHARD_SIZE} to {_MAX_SHARD_SIZE} bytes",
+            )
+
+    @property
+    def min_size(self) -> int:
+        """No content-defined cut before a shard holds this many canonical bytes."""
+        return self.shard_size // 2
+
+    @property
+    def max_size(self) -> int:
+        """A shard is cut at the record that reaches this many canonical bytes."""
+        return self.shard_size * 3
+
+    @property
+    def batch_bytes(self) -> int:
+        """A shard's record batches end at the record that reaches this many bytes."""
+        return max(self.shard_size // 4, 1)
+
+    def fingerprint(self) -> str:
+        """A short string that changes whenever the shard bytes would change."""
+        return (
+            f"shard/{SHARD_FORMAT};size={self.shard_size};zstd={self.compression_level};"
+            f"hash={self.algorithm};arrow={pa.__version__}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """What a version's shard table needs to know of a stored shard."""
+
+    hash: str
+    records: int
+    bytes: int
+    uncompressed_bytes: int
+    chunks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedShard:
+    """An encoded shard: its id (the content hash of ``data``), its bytes and counts."""
+
+    hash: str
+    data: bytes
+    records: int
+    bytes: int
+    uncompressed_bytes: int
+    chunks: tuple[str, ...] = ()
+
+    @property
+    def info(self) -> ShardInfo:
+        """The same facts without the bytes."""
+        return ShardInfo(self.hash, self.records, self.bytes, self.uncompressed_bytes, self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingShard:
+    """The records of one shard, cut but not yet encoded (encoding can run in a thread)."""
+
+    table: pa.Table  # visible columns only
+    hashes: pa.FixedSizeBinaryArray
+    sizes: np.ndarray = field(repr=False)
+
+    @property
+    def records(self) -> int:
+        return self.table.num_rows
+
+    def key(self, options: ShardOptions) -> str:
+        """The ingest-index key: equal keys mean equal shard bytes (records + schema + options)."""
+        h = xxhash.xxh3_128()
+        h.update(options.fingerprint().encode())
+        h.update(self.table.schema.serialize().to_pybytes())
+        if len(self.hashes):
+            h.update(memoryview(self.hashes.buffers()[1])[16 * self.hashes.offset : 16 * (self.hashes.offset + len(self.hashes))])
+        return h.hexdigest()
+
+
+class BoundaryCutter:
+    """Stateful content-defined cutting over a stream of (record hash, size) pairs."""
+
+    def __init__(self, options: ShardOptions):
+        self.options = options
+        self.pending_bytes = 0  # canonical bytes since the last cut
+        self._gap = np.uint64(options.shard_size - options.min_size)
+
+    def feed(self, prefixes: np.ndarray, sizes: np.ndarray) -> list[int]:
+        """Return the cut positions in this slice: shards end *before* each returned index."""
+        n = len(sizes)
+        if n == 0:
+            return []
+        sizes = np.asarray(sizes, np.int64)
+        gap = self._gap
+        capped = np.minimum(sizes, int(gap)).astype(np.uint64)
+        candidate = (prefixes >> np.uint64(32)) * gap < (capped << np.uint64(32))
+        cand_idx = np.flatnonzero(candidate)
+        cum = np.cumsum(sizes) + self.pending_bytes
+        base, start, cuts = 0, 0, []
+        lo, hi = self.options.min_size, self.options.max_size
+        while start < n:
+            j_min = int(np.searchsorted(cum, base + lo, "left"))
+            j_max = int(np.searchsorted(cum, base + hi, "left"))
+            k = int(np.searchsorted(cand_idx, max(j_min, start), "left"))
+            j_cand = int(cand_idx[k]) if k < len(cand_idx) else n
+            j = min(j_cand, j_max)
+            if j >= n:
+                break
+            cuts.append(j + 1)
+            base, start = int(cum[j]), j + 1
+        self.pending_bytes = int(cum[-1]) - base
+        return cuts
+
+    def reset(self) -> None:
+        """Forget the pending bytes (after the caller flushed the last shard)."""
+        self.pending_bytes = 0
+
+
+class ShardWriter:
+    """Cut a stream of record batches into :class:`PendingShard` s at content-defined boundaries."""
+
+    def __init__(self, options: ShardOptions | None = None):
+        self.options = options or ShardOptions()
+        self._cutter = BoundaryCutter(self.options)
+        self._batches: list[pa.RecordBatch] = []
+        self._digests: list[RecordDigests] = []
+        self._schema: pa.Schema | None = None
+
+    def add(self, batch: pa.RecordBatch, digests: RecordDigests | None = None) -> list[PendingShard]:
+        """Append records; return the shards this batch completed (maybe none)."""
+        if self._schema is None:
+            self._schema = batch.schema
+        elif not batch.schema.equals(self._schema):
+            raise BadInputError(
+                "record batches of one shard stream must share one schema",
+                subject=f"{batch.schema} vs {self._schema}",
+            )
+        if batch.num_rows == 0:
+            return []
+        digests = digests or hash_records(batch)
+        cuts = self._cutter.feed(digest_prefixes(digests.hashes), digests.sizes)
+        done, start = [], 0
+        for end in cuts:
+            self._append(batch.slice(start, end - start), _slice_digests(digests, start, end))
+            done.append(self._take())
+            start = end
+        if start < batch.num_rows:
+            self._append(batch.slice(start), _slice_digests(digests, start, batch.num_rows))
+        return done
+
+    def finish(self) -> list[PendingShard]:
+        """Return the last, partial shard (if any records are pending)."""
+        if not self._batches:
+            return []
+        self._cutter.reset()
+        return [self._take()]
+
+    def _append(self, batch: pa.RecordBatch, digests: RecordDigests) -> None:
+        self._batches.append(batch)
+        self._digests.append(digests)
+
+    def _take(self) -> PendingShard:
+        table = pa.Table.from_batches(self._batches, schema=self._schema)
+        hashes = pa.concat_arrays([d.hashes for d in self._digests])
+        sizes = np.concatenate([d.sizes for d in self._digests])
+        self._batches, self._digests = [], []
+        return PendingShard(table, hashes, sizes)
+
+
+def _slice_digests(d: RecordDigests, start: int, end: int) -> RecordDigests:
+    return RecordDigests(d.hashes.slice(start, end - start), d.sizes[start:end])
+
+
+def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> EncodedShard:
+    """Encode a shard as a deterministic Arrow IPC file with zstd buffers; safe in threads."""
+    options = options or ShardOptions()
+    table = pending.table
+    if any(pa.types.is_dictionary(f.type) for f in table.schema):
+        table = table.unify_dictionaries()
+    columns = [_fresh(table.column(i)) for i in range(table.num_columns)]
+    columns.append(_fresh(pending.hashes))
+    schema = pa.schema([*table.schema, pa.field(HASH_COLUMN, pending.hashes.type, nullable=False)], metadata=_METADATA)
+    whole = pa.Table.from_arrays(columns, schema=schema)
+    write_options = pa.ipc.IpcWriteOptions(
+        compression=pa.Codec("zstd", options.compression_level), use_threads=False
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema, options=write_options) as writer:
+        for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
+            writer.write_batch(_fresh_batch(whole.slice(start, end - start), schema))
+    data = sink.getvalue().to_pybytes()
+    return EncodedShard(
+        hash=content_hash(data, options.algorithm),
+        data=data,
+        records=whole.num_rows,
+        bytes=len(data),
+        uncompressed_bytes=whole.nbytes,
+        chunks=_referenced_chunks(table),
+    )
+
+
+def _fresh(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A copy without slice offsets or stray bytes, so equal values give equal IPC bytes."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if not chunks:
+        return pa.array([], column.type)
+    return pa.concat_arrays(chunks)
+
+
+def _fresh_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([_fresh(c) for c in table.columns], schema=schema)
+
+
+def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:
+    """Split a shard's records into record batches of about ``batch_bytes`` each."""
+    n = len(sizes)
+    if n == 0:
+        yield 0, 0
+        return
+    cum = np.cumsum(sizes)
+    start, base = 0, 0
+    while start < n:
+        end = int(np.searchsorted(cum, base + batch_bytes, "left")) + 1
+        end = min(max(end, start + 1), n)
+        yield start, end
+        base, start = int(cum[end - 1]), end
+
+
+def _referenced_chunks(table: pa.Table) -> tuple[str, ...]:
+    """Object ids listed in a ``chunks`` column of strings (big-file chunks), in first-use order."""
+    if "chunks" not in table.column_names:
+        return ()
+    column = table.column("chunks")
+    t = column.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+        pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)
+    ):
+        return ()
+    ids = pc.list_flatten(column).to_pylist()
+    return tuple(dict.fromkeys(i for i in ids if i))
+
+
+def write_shards(
+    batches: Iterable[pa.RecordBatch], options: ShardOptions | None = None
+) -> Iterator[EncodedShard]:
+    """Cut and encode a stream of record batches into shards, in order (one thread)."""
+    writer = ShardWriter(options)
+    for batch in batches:
+        for pending in writer.add(batch):
+            yield encode_shard(pending, writer.options)
+    for pending in writer.finish():
+        yield encode_shard(pending, writer.options)
+
+
+def read_shard(
+    data: BytesLike | pa.Buffer, columns: Sequence[str] | None = None, *, with_hidden: bool = False
+) -> pa.Table:
+    """Decode a shard into a table (the one shard reader; buffers that were stored
+    uncompressed are used in place). ``columns`` selects and orders columns; hidden
+    columns (``__*``) are dropped unless ``with_hidden`` or named in ``columns``.
+    """
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    try:
+        schema = pa.ipc.open_file(buf).schema
+        names = schema.names
+        if columns is None:
+            wanted = [n for n in names if with_hidden or not n.startswith("__")]
+        else:
+            missing = [c for c in columns if c not in names]
+            if missing:
+                visible = ", ".join(n for n in names if not n.startswith("__"))
+                raise BadInputError(f"no column {missing[0]!r} in the shard", subject=missing[0], hint=f"columns: {visible}")
+            wanted = list(columns)
+        indices = sorted(names.index(c) for c in wanted)
+        reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))
+        table = reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+    if list(table.column_names) != wanted:
+        table = table.select(wanted)
+    return table
+
+
+def read_shard_schema(data: BytesLike | pa.Buffer, *, with_hidden: bool = False) -> pa.Schema:
+    """Return a shard's schema without decoding any record."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    try:
+        schema = pa.ipc.open_file(buf).schema
+    except (pa.ArrowInvalid, OSError) as e:
+        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+    if with_hidden:
+        return schema
+    return pa.schema([f for f in schema if not f.name.startswith("__")], metadata=schema.metadata)

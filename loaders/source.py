@@ -1,0 +1,70 @@
+"""The seam between the loader and the repository: a :class:`ShardSource`.
+
+The loader never touches manifests, stores or shard bytes itself. It reads one version
+through four members, implemented by ``datastore.Repo`` (through the tiered cache) and by
+:class:`loaders.filesource.ArrowFileSource` (plain Arrow IPC files):
+
+- ``version_id``: the content id of the version; the epoch order depends on it, and a
+  resume state from another version is refused.
+- ``shards``: ``(shard_id, record_count)`` pairs in version order.
+- ``read_shard(shard_id, columns)``: the shard's records as an Arrow table, hidden
+  ``__`` columns dropped, only ``columns`` when given. Called from background threads
+  and from DataLoader worker processes, so it must be thread-safe and survive a fork.
+- ``announce(shard_ids)``: the shards this reader will read next, in order (a prefetch
+  hint for the cache; a no-op is a valid implementation).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from cachetier.errors import UsageError
+
+__all__ = ["ShardSource", "open_source"]
+
+
+@runtime_checkable
+class ShardSource(Protocol):
+    """One version of a dataset, readable shard by shard (see the module docstring)."""
+
+    version_id: str
+    shards: Sequence[tuple[str, int]]
+
+    def read_shard(self, shard_id: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """Return the records of ``shard_id`` (only ``columns`` when given, hidden ones dropped)."""
+        ...
+
+    def announce(self, shard_ids: Sequence[str]) -> None:
+        """Hint that ``shard_ids`` will be read next, in this order."""
+        ...
+
+
+def open_source(repo_or_url: Any, ref: str, cache: Any) -> ShardSource:
+    """Return ``repo_or_url`` itself when it is a :class:`ShardSource`, else open one.
+
+    A repository object or URL is resolved by ``datastore.open_shard_source(repo_or_url,
+    ref, cache)``, imported here (not at module import) so the loader has no import-time
+    dependency on the repository layer.
+    """
+    if isinstance(repo_or_url, ShardSource):
+        return repo_or_url
+    try:
+        datastore = importlib.import_module("datastore")
+        opener = datastore.open_shard_source
+    except (ImportError, AttributeError) as e:
+        raise UsageError(
+            f"cannot open {repo_or_url!r}: datastore.open_shard_source is not available",
+            subject=str(repo_or_url),
+            hint="pass a loaders.ShardSource (e.g. loaders.ArrowFileSource) instead",
+        ) from e
+    source = opener(repo_or_url, ref, cache)
+    if not isinstance(source, ShardSource):
+        raise UsageError(
+            f"datastore.open_shard_source returned {type(source).__name__}, not a ShardSource",
+            subject=str(repo_or_url),
+        )
+    return source
