@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["conform", "normalize_json", "normalize_json_schema", "widen", "widen_schema"]
+__all__ = ["conform", "normalize_json", "normalize_json_schema", "same_types", "widen", "widen_schema"]
 
 
 def widen(a: pa.DataType, b: pa.DataType, *, lenient: bool = False) -> pa.DataType | None:
@@ -42,6 +42,11 @@ def widen(a: pa.DataType, b: pa.DataType, *, lenient: bool = False) -> pa.DataTy
             return pa.binary()
         return pa.string()
     return None
+
+
+def same_types(a: pa.Schema, b: pa.Schema) -> bool:
+    """True when both schemas have the same column names and types, in order."""
+    return a.names == b.names and all(x.type.equals(y.type) for x, y in zip(a, b))
 
 
 def widen_schema(a: pa.Schema, b: pa.Schema, *, lenient: bool = False) -> tuple[pa.Schema | None, str | None]:

@@ -332,7 +332,7 @@ class Repo:
         shards: Sequence[ShardEntry],
         *,
         schema: dict[str, Any],
-        base: str,
+        base: str | None,
         message: str,
         operation: dict[str, Any],
         branch: str | None = None,

@@ -314,7 +314,11 @@ class StoreConformance:
         try:
             for proc in procs:  # every worker has its store open: start them at once
                 assert proc.stdout is not None and proc.stdout.readline() == b"ready\n", proc.stderr
-            outputs = [proc.communicate(b"go\n", timeout=120) for proc in procs]
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                proc.stdin.flush()
+            outputs = [proc.communicate(timeout=120) for proc in procs]
         finally:
             for proc in procs:
                 proc.kill()

@@ -1,0 +1,191 @@
+"""JSON Lines reader: pyarrow's parser on blocks of whole lines, Python only to diagnose.
+
+Each block (about ``block_bytes`` of whole lines) is parsed by ``pyarrow.json`` with the
+schema known so far. When a block does not parse, the reader finds out why, in this
+order: the block's own types only widen the schema (a new column, an int that became a
+float: the ingest restarts with the wider schema, see :class:`SchemaWidened`); or some
+line is bad, found by bisecting the block with pyarrow (so a bad line is found even where
+Python's json module would accept it) and described with Python's json module. With
+``on_error="skip"`` bad lines are dropped and counted instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+
+from cachetier.errors import BadInputError
+from datastore._input import iter_line_blocks, open_input
+from datastore._schema import normalize_json_schema, same_types, widen_schema
+from datastore._sourcebase import ReadContext
+
+__all__ = ["read_jsonl"]
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, UnicodeDecodeError, ValueError)
+
+
+def read_jsonl(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
+    """Yield the records of a JSON Lines file as batches of the context's schema."""
+    with open_input(ctx.spec.path, ctx.spec.display, ctx.progress) as (stream, tap):
+        first = True
+        for first_line, block in iter_line_blocks(stream, ctx.block_bytes, ctx.spec.display):
+            if first:
+                _check_not_array(block, ctx)
+                first = False
+            table = _parse_block(block, first_line, ctx)
+            if table is None:
+                continue
+            ctx.stats.records += table.num_rows
+            yield from table.to_batches()
+        if first:
+            ctx.empty_source()
+        ctx.stats.hash = tap.hexdigest()
+
+
+def _check_not_array(block: bytes, ctx: ReadContext) -> None:
+    if block.lstrip()[:1] == b"[":
+        raise BadInputError(
+            "a JSON array, not JSON Lines",
+            subject=f"{ctx.spec.display}:1",
+            hint="write one JSON object per line (e.g. `jq -c '.[]'`)",
+        )
+
+
+def _parse(data: bytes, schema: pa.Schema | None, *, strict: bool = False) -> pa.Table:
+    """Parse whole lines; ``strict`` refuses columns that ``schema`` lacks."""
+    parse_options = None
+    if schema is not None:
+        behavior = "error" if strict else "infer"
+        parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=behavior)
+    try:
+        return pj.read_json(io.BytesIO(data), parse_options=parse_options)
+    except pa.ArrowInvalid as e:
+        if "straddl" not in str(e):
+            raise
+        options = pj.ReadOptions(block_size=len(data) + 1)  # one line longer than Arrow's block
+        return pj.read_json(io.BytesIO(data), read_options=options, parse_options=parse_options)
+
+
+def _parse_block(block: bytes, first_line: int, ctx: ReadContext) -> pa.Table | None:
+    """Parse one block to a table of ``ctx.schema`` (defining it on the first block)."""
+    if not block.strip():
+        return None
+    while True:
+        try:
+            table = _parse(block, ctx.schema, strict=ctx.locked)
+        except _ARROW_ERRORS as e:
+            block = _recover(block, first_line, ctx, e)
+            if not block.strip():
+                return None
+            continue
+        if ctx.schema is None:
+            schema = normalize_json_schema(table.schema)
+            ctx.define_schema(schema)
+            return table if same_types(table.schema, schema) else _parse(block, schema)
+        if same_types(table.schema, ctx.schema):
+            return table
+        wider, _ = widen_schema(ctx.schema, normalize_json_schema(table.schema))
+        ctx.widen(wider, f"{ctx.spec.display}:{first_line}")
+        return None  # unreachable: widen() raises
+
+
+def _recover(block: bytes, first_line: int, ctx: ReadContext, error: Exception) -> bytes:
+    """After a failed parse: widen the schema (raises), fail naming the line, or drop bad lines."""
+    if ctx.schema is not None and not ctx.locked:
+        try:
+            inferred = normalize_json_schema(_parse(block, None).schema)
+        except _ARROW_ERRORS:
+            inferred = None
+        if inferred is not None:
+            wider, _ = widen_schema(ctx.schema, inferred)
+            if wider is not None and not same_types(wider, ctx.schema):
+                ctx.widen(wider, f"{ctx.spec.display}:{first_line}")
+    if ctx.skip:
+        cleaned, dropped = _drop_unparsable(block)
+        if dropped:
+            ctx.stats.skipped += dropped
+            return cleaned
+    index, message = _first_bad_line(block, lambda data: _parse(data, ctx.schema, strict=ctx.locked))
+    if index is None:
+        raise BadInputError(_clean(str(error)), subject=f"{ctx.spec.display}:{first_line}")
+    lines = block.splitlines(keepends=True)
+    if ctx.skip:
+        ctx.stats.skipped += 1
+        return b"".join([*lines[:index], b"\n", *lines[index + 1 :]])
+    raise BadInputError(
+        _describe(lines[index], message),
+        subject=f"{ctx.spec.display}:{first_line + index}",
+        hint="fix or remove the line, or pass --on-error skip",
+    )
+
+
+def _drop_unparsable(block: bytes) -> tuple[bytes, int]:
+    """Drop the lines that are not JSON objects (Python's json module decides)."""
+    kept, dropped = [], 0
+    for line in block.splitlines(keepends=True):
+        if line.strip():
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except (ValueError, RecursionError):
+                ok = False
+            if not ok:
+                dropped += 1
+                kept.append(b"\n")  # keep the line count stable
+                continue
+        kept.append(line)
+    return b"".join(kept), dropped
+
+
+def _first_bad_line(block: bytes, parse: Callable[[bytes], pa.Table]) -> tuple[int | None, str]:
+    """Bisect for the first line whose prefix no longer parses; return its index and error."""
+    raw = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(raw == 10) + 1
+    if len(ends) == 0 or ends[-1] != len(block):
+        ends = np.append(ends, len(block))
+    lo, hi, message = 0, len(ends), ""
+    try:
+        parse(block[: ends[-1]])
+        return None, ""
+    except _ARROW_ERRORS as e:
+        message = str(e)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            prefix = block[: ends[mid - 1]] if mid > 0 else b""
+            if prefix.strip():
+                parse(prefix)
+            lo = mid
+        except _ARROW_ERRORS as e:
+            hi, message = mid, str(e)
+    return hi - 1, message
+
+
+def _describe(line: bytes, arrow_message: str) -> str:
+    """One phrase saying what is wrong with a JSON line."""
+    if b"\x00" in line:
+        return "binary data (a NUL byte), not JSON"
+    try:
+        value = json.loads(line)
+    except UnicodeDecodeError:
+        return "not valid UTF-8 (binary data?)"
+    except json.JSONDecodeError as e:
+        return f"invalid JSON: {e.msg} (column {e.colno})"
+    except (ValueError, RecursionError) as e:
+        return f"invalid JSON: {e}"
+    if not isinstance(value, dict):
+        return f"expected a JSON object, found {type(value).__name__}"
+    return _clean(arrow_message)
+
+
+def _clean(message: str) -> str:
+    message = message.replace("JSON parse error: ", "")
+    message = re.sub(r" in row \d+$", "", message)
+    message = re.sub(r"Column\(/([^)]*)\)", lambda m: f"column {m.group(1).replace('/', '.')!r}", message)
+    return message.replace("\n", " ")
+

@@ -1,0 +1,116 @@
+"""``StreamingDataLoader``: a DataLoader that counts what it delivered and owns the state.
+
+Workers read ahead (``prefetch_factor`` batches each), so what the workers produced is
+not what training saw. The loader counts batches when they reach the consumer, in the
+training process, and derives the position from that count: batch ``k`` of a rank is
+chunk ``k`` of its partition (see :mod:`loaders.partition`), so ``state_dict()`` is
+exact at every batch boundary whatever ``num_workers`` and ``prefetch_factor`` are.
+
+The loader also resolves where each iteration starts (epoch, consumed prefix, ranks)
+once, before its workers exist, and hands it to them; with ``persistent_workers`` it
+passes it through a small shared-memory array (anonymous or already unlinked memory,
+so a crash leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.multiprocessing
+from torch.utils.data import DataLoader
+
+from cachetier.errors import UsageError
+from loaders.dataset import StreamingDataset, _Progress
+from loaders.partition import Partition
+from loaders.world import World
+
+__all__ = ["StreamingDataLoader"]
+
+
+class StreamingDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`StreamingDataset` with exact ``state_dict()`` resume.
+
+    In batch mode (the dataset has ``batch_size``) leave ``batch_size`` unset here; in
+    per-sample mode ``batch_size`` (default 1) and ``drop_last`` batch the samples. Other
+    keyword arguments go to ``DataLoader`` (``num_workers``, ``pin_memory``,
+    ``prefetch_factor``, ``persistent_workers``, ``timeout``, ``collate_fn``, ...).
+    A new iteration continues where the last one stopped (and after a finished epoch
+    starts the next one, unless ``dataset.set_epoch`` chose another).
+    """
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, *, drop_last: bool = False,
+                 **kwargs: Any) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise UsageError(f"expected a StreamingDataset, got {type(dataset).__name__}", subject="dataset")
+        for key in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(key):
+                raise UsageError(f"{key}= does not apply to a streaming dataset", subject=key,
+                                 hint="set shuffle and seed on the StreamingDataset")
+        if dataset.batch_size is not None:
+            if batch_size is not None or drop_last:
+                raise UsageError(
+                    "the dataset already batches (batch_size=%d)" % dataset.batch_size,
+                    subject="batch_size",
+                    hint="leave batch_size and drop_last of the loader unset; set them on the dataset",
+                )
+            block, tail_drop, loader_batch = dataset.batch_size, dataset.drop_last, None
+        else:
+            loader_batch = 1 if batch_size is None else int(batch_size)
+            block, tail_drop = loader_batch, bool(drop_last)
+        super().__init__(dataset, batch_size=loader_batch, drop_last=drop_last, **kwargs)
+        self._block = block
+        self._tail_drop = tail_drop
+        self._progress: _Progress | None = None
+        dataset._block = (block, tail_drop)
+        if self.persistent_workers and self.num_workers > 0:
+            context = self.multiprocessing_context or torch.multiprocessing
+            dataset._channel = context.RawArray("q", 7)
+
+    @property
+    def streaming_dataset(self) -> StreamingDataset:
+        """The dataset, typed."""
+        return self.dataset  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self.streaming_dataset
+        spec = ds._begin(ds._detect_ranks(), self._block, self._tail_drop, by_loader=True)
+        part = Partition(spec.start, ds.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        progress = _Progress(spec, part, World(rank=spec.rank, world_size=spec.world_size), skipped=0)
+        ds._progress = progress
+        self._progress = progress
+        if ds._channel is not None:
+            ds._channel[:7] = spec.to_ints()
+        ds._loader_spec = spec
+        try:
+            batches = super().__iter__()
+        finally:
+            ds._loader_spec = None
+        return self._deliver(batches, progress)
+
+    @staticmethod
+    def _deliver(batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
+        for batch in batches:
+            progress.chunks += 1
+            progress.samples = progress.part.samples_through(progress.chunks - 1)
+            yield batch
+        progress.complete = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch delivered to the consumer (see loaders.state)."""
+        return self.streaming_dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration (any num_workers, world size, batch size)."""
+        self.streaming_dataset.load_state_dict(state)
+        self._progress = None
+
+    def _state_dict_holding_back(self, batches: int) -> dict[str, Any]:
+        """The state as if the last ``batches`` delivered batches had not been delivered."""
+        p = self._progress
+        ds = self.streaming_dataset
+        if p is None or ds._progress is not p or batches <= 0:
+            return self.state_dict()
+        kept = max(0, p.chunks - batches)
+        consumed = p.part.consumed_after(p.part.samples_through(kept - 1))
+        return ds._state(p.spec.epoch, consumed).to_dict()

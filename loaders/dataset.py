@@ -1,0 +1,330 @@
+"""``StreamingDataset``: one version of a dataset as a torch ``IterableDataset``.
+
+An iteration is a pipeline of small stages, each a module of its own::
+
+    plan (loaders.plan)  ->  partition over ranks and workers (loaders.partition)
+      ->  windows decoded ahead on threads (loaders.prefetch, loaders.window)
+      ->  batches built column-wise (loaders.columns)  ->  optional transform
+
+Where an iteration starts (epoch, consumed prefix, a worker's own progress) is resolved
+once, in :meth:`StreamingDataset._begin`; ``StreamingDataLoader`` resolves it in the
+training process and hands the result to its workers, so every worker of every rank
+partitions the same remaining stream.
+
+Epochs: ``set_epoch(e)`` selects one (as with ``DistributedSampler``). Without it, a new
+iteration continues where the last one stopped, and after a finished epoch starts the
+next one. The dataset counts what it yields when it is iterated directly or by a plain
+``DataLoader(num_workers=0)``; with worker processes, ``StreamingDataLoader`` (or
+torchdata's ``StatefulDataLoader``, which asks each worker) keeps the count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from cachetier.errors import BadInputError, UsageError
+from loaders.partition import Partition
+from loaders.plan import EpochPlan, make_plan
+from loaders.prefetch import WindowPrefetcher, touched_windows
+from loaders.source import ShardSource, open_source
+from loaders.state import LoaderState, WorkerProgress
+from loaders.window import batch_from_pieces, samples_from_pieces, select_columns
+from loaders.world import World
+
+__all__ = ["StreamingDataset"]
+
+_READ_THREADS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """Where one iteration starts, decided once for every reader of every rank."""
+
+    epoch: int
+    start: int
+    rank: int
+    world_size: int
+    block: int
+    drop_last: bool
+    by_loader: bool
+    resume_worker: WorkerProgress | None = None
+
+    def to_ints(self) -> list[int]:
+        return [self.epoch, self.start, self.rank, self.world_size, self.block, int(self.drop_last),
+                int(self.by_loader)]
+
+    @classmethod
+    def from_ints(cls, v: Sequence[int]) -> _Spec:
+        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), bool(v[5]), bool(v[6]))
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What the iteration running in this process has yielded so far."""
+
+    spec: _Spec
+    part: Partition
+    world: World
+    skipped: int
+    chunks: int = 0
+    samples: int = 0
+    complete: bool = False
+
+
+class StreamingDataset(IterableDataset):
+    """A version of a dataset streamed in a reproducible, resumable order.
+
+    ``repo_or_url`` is a :class:`~loaders.source.ShardSource`, or a repository (object or
+    URL) opened at ``ref`` through ``datastore.open_shard_source`` with ``cache`` (a
+    ``cachetier.CacheConfig``, or None for the workspace/environment defaults).
+
+    - ``columns``: the columns to read (default: all but hidden ``__`` columns).
+    - ``shuffle`` / ``seed``: shuffle shards, then records within windows of
+      ``shuffle_window`` shards; the order is a pure function of (version, seed, epoch).
+    - ``batch_size``: yield dicts of tensors built column-wise (see :mod:`loaders.columns`);
+      ``drop_last`` drops each rank's short last batch. Without it, yield one dict per
+      sample (let the DataLoader batch them).
+    - ``transform``: applied to every yielded item (a sample, or a batch in batch mode);
+      it must return one item per input.
+    - ``prefetch``: windows decoded ahead of the one in use (memory: 1 + prefetch windows
+      per reader).
+
+    Promises: per epoch every record is yielded at most once over all ranks, every rank
+    yields the same count, and with one rank every record exactly once.
+    """
+
+    def __init__(
+        self,
+        repo_or_url: Any,
+        ref: str = "main",
+        *,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+        cache: Any = None,
+        shuffle_window: int = 4,
+        prefetch: int = 1,
+    ) -> None:
+        super().__init__()
+        if columns is not None:
+            columns = tuple(columns)
+            if not columns or not all(isinstance(c, str) for c in columns):
+                raise BadInputError(f"columns={columns!r}", subject="columns", hint="give column names, or None")
+        if batch_size is not None and batch_size < 1:
+            raise BadInputError(f"batch_size={batch_size}", subject="batch_size", hint="use 1 or more, or None")
+        if shuffle_window < 1:
+            raise BadInputError(f"shuffle_window={shuffle_window}", subject="shuffle_window", hint="use 1 or more")
+        self.source: ShardSource = open_source(repo_or_url, ref, cache)
+        self.version_id = str(self.source.version_id)
+        self._shards = tuple((str(sid), int(n)) for sid, n in self.source.shards)
+        self.records = sum(n for _, n in self._shards)
+        self.columns = columns
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.transform = transform
+        self.shuffle_window = int(shuffle_window)
+        self.prefetch = max(0, int(prefetch))
+        self._epoch = 0
+        self._explicit_epoch = False
+        self._resume: LoaderState | None = None
+        self._progress: _Progress | None = None
+        self._ranks: World | None = None
+        self._block: tuple[int, bool] | None = None
+        self._loader_spec: _Spec | None = None
+        self._channel: Any = None
+
+    # -- epochs and state -------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self._progress.spec.epoch if self._progress is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next; a loaded state for another epoch is dropped."""
+        if epoch < 0:
+            raise BadInputError(f"epoch {epoch} is negative", subject="epoch")
+        self._fold_progress()
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None
+        self._epoch = int(epoch)
+        self._explicit_epoch = True
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan (global order) of ``epoch`` (default: the current one)."""
+        return make_plan(self.version_id, self._shards, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                         shuffle=self.shuffle, window=self.shuffle_window)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's iteration stands, as a small JSON-able dict (see loaders.state)."""
+        return self._current_state().to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration; another version, seed or plan is refused."""
+        parsed = LoaderState.from_dict(state)
+        parsed.check_compatible(version=self.version_id, seed=self.seed, records=self.records,
+                                shuffle=self.shuffle, window=self.shuffle_window)
+        self._resume = parsed
+        self._epoch = parsed.epoch
+        self._progress = None
+        self._explicit_epoch = False
+
+    def _state(self, epoch: int, consumed: int, worker: WorkerProgress | None = None) -> LoaderState:
+        return LoaderState(version=self.version_id, seed=self.seed, epoch=epoch, consumed=consumed,
+                           records=self.records, shuffle=self.shuffle, window=self.shuffle_window, worker=worker)
+
+    def _current_state(self) -> LoaderState:
+        p = self._progress
+        if p is None:
+            return self._resume if self._resume is not None else self._state(self._epoch, 0)
+        if p.world.num_workers == 1:
+            return self._state(p.spec.epoch, p.part.consumed_after(p.samples))
+        done = p.skipped + p.chunks
+        last_chunk = p.world.worker + (done - 1) * p.world.num_workers if done else -1
+        consumed = p.part.consumed_after(p.part.samples_through(last_chunk))
+        progress = WorkerProgress(start=p.part.start, world_size=p.part.world_size, rank=p.part.rank,
+                                  block=p.part.block, num_workers=p.world.num_workers, worker=p.world.worker,
+                                  chunks=done)
+        return self._state(p.spec.epoch, consumed, progress)
+
+    def _fold_progress(self) -> bool:
+        """Turn the progress of the last in-process iteration into the resume point."""
+        p = self._progress
+        if p is None:
+            return False
+        self._resume = self._current_state()
+        self._epoch = p.spec.epoch
+        self._progress = None
+        return p.complete
+
+    # -- where an iteration starts ----------------------------------------------------
+
+    def _begin(self, ranks: World, block: int, drop_last: bool, *, by_loader: bool) -> _Spec:
+        """Resolve the start of the next iteration and consume the pending resume point."""
+        completed = self._fold_progress()
+        epoch, start, resume_worker = self._epoch, 0, None
+        if self._resume is not None and self._resume.epoch == epoch:
+            start = self._resume.consumed
+            resume_worker = self._resume.worker
+            if resume_worker is not None:
+                start = resume_worker.start
+        left = Partition(start, self.records, ranks.world_size, ranks.rank, block, drop_last).samples
+        if (completed or (start > 0 and left == 0 and resume_worker is None)) and not self._explicit_epoch:
+            epoch, start, resume_worker = epoch + 1, 0, None
+        self._epoch = epoch
+        self._resume = None
+        self._explicit_epoch = False
+        return _Spec(epoch, start, ranks.rank, ranks.world_size, block, drop_last, by_loader, resume_worker)
+
+    def _default_block(self) -> tuple[int, bool]:
+        if self.batch_size is not None:
+            return self.batch_size, self.drop_last
+        return self._block if self._block is not None else (1, False)
+
+    def _detect_ranks(self) -> World:
+        return self._ranks if self._ranks is not None else World.detect_ranks()
+
+    def _next_spec(self) -> _Spec:
+        if self._channel is not None:
+            return _Spec.from_ints(self._channel[:7])
+        if self._loader_spec is not None:
+            return self._loader_spec
+        block, drop_last = self._default_block()
+        return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
+
+    def __len__(self) -> int:
+        """Items (batches in batch mode, else samples) this rank yields in the current iteration."""
+        if self._progress is not None:
+            part = self._progress.part
+        else:
+            spec = self._loader_spec
+            if spec is None:
+                ranks = self._detect_ranks()
+                block, drop_last = self._default_block()
+                state = self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
+                start = 0 if state is None else (state.worker.start if state.worker else state.consumed)
+                spec = _Spec(self._epoch, start, ranks.rank, ranks.world_size, block, drop_last, False)
+            part = Partition(spec.start, self.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        return part.num_chunks if self.batch_size is not None else part.samples
+
+    # -- iteration --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        spec = self._next_spec()
+        world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
+        plan = make_plan(self.version_id, self._shards, seed=self.seed, epoch=spec.epoch, shuffle=self.shuffle,
+                         window=self.shuffle_window)
+        part = Partition(spec.start, plan.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        skip = _worker_skip(spec, world)
+        chunks = part.worker_chunks(world.worker, world.num_workers, skip)
+        progress = _Progress(spec, part, world, skipped=skip)
+        if not spec.by_loader:
+            self._progress = progress
+        return self._generate(plan, part, chunks, progress)
+
+    def _read_shard(self, shard_id: str) -> Any:
+        return select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
+
+    def _generate(self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress) -> Iterator[Any]:
+        if len(chunks) == 0:
+            progress.complete = True
+            return
+        transform = self.transform
+        batched = self.batch_size is not None
+        order = touched_windows(plan, part, chunks)
+        with WindowPrefetcher(self._read_shard, plan, order, depth=self.prefetch, threads=_READ_THREADS,
+                              announce=self.source.announce) as windows:
+            for c in chunks:
+                pos, n = part.chunk(c)
+                parts = []
+                for w, lo, hi in plan.segments(pos, pos + n):
+                    window = windows.get(w)
+                    parts.append(window.take(plan.window_rows(w, lo, hi)))
+                columns = window.columns
+                if batched:
+                    item = batch_from_pieces(columns, parts)
+                    progress.chunks += 1
+                    progress.samples += n
+                    yield item if transform is None else transform(item)
+                    continue
+                samples = samples_from_pieces(columns, parts)
+                last = len(samples) - 1
+                for i, sample in enumerate(samples):
+                    progress.samples += 1
+                    if i == last:
+                        progress.chunks += 1
+                    yield sample if transform is None else transform(sample)
+        progress.complete = True
+
+    def __repr__(self) -> str:
+        return (f"StreamingDataset(version={self.version_id[:12]}, records={self.records}, "
+                f"shards={len(self._shards)}, shuffle={self.shuffle}, seed={self.seed}, "
+                f"batch_size={self.batch_size})")
+
+
+def _worker_skip(spec: _Spec, world: World) -> int:
+    """Chunks a pool worker already delivered, when resuming from its own state."""
+    r = spec.resume_worker
+    if r is None:
+        return 0
+    same = (r.start, r.world_size, r.rank, r.block, r.num_workers, r.worker) == (
+        spec.start, spec.world_size, spec.rank, spec.block, world.num_workers, world.worker)
+    if not same:
+        raise UsageError(
+            f"worker state of worker {r.worker}/{r.num_workers} (world {r.world_size}, block {r.block}) "
+            f"does not fit worker {world.worker}/{world.num_workers} (world {spec.world_size}, block {spec.block})",
+            subject="loader state",
+            hint="resume per-worker states with the same num_workers, world size and batch size, "
+                 "or use StreamingDataLoader, whose state fits any",
+        )
+    return r.chunks
+
