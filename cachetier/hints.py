@@ -50,11 +50,11 @@ class _Plan:
         for i, key in enumerate(self.keys):
             self.where.setdefault(key, []).append(i)
 
-    def next_use(self, key: str) -> float:
+    def next_use(self, key: str, skip: int = 0) -> float:
         indices = self.where.get(key)
         if not indices:
             return math.inf
-        k = bisect_left(indices, self.position)
+        k = bisect_left(indices, self.position) + skip
         return float(indices[k] - self.position) if k < len(indices) else math.inf
 
     def advance(self, key: str) -> bool:
@@ -96,13 +96,23 @@ class HintIndex:
         if plan is not None and position > plan.position:
             plan.position = position
 
-    def advance(self, key: str) -> list[str]:
-        """Mark ``key`` read in every plan that expects it soon; return those readers."""
-        return [reader for reader, plan in self._plans.items() if plan.advance(key)]
+    def advance(self, key: str, reader: str | None = None) -> list[str]:
+        """Mark ``key`` read in ``reader``'s plan (None: every plan expecting it soon).
 
-    def next_use(self, key: str) -> float:
-        """Reads until some plan reads ``key`` (0: next), or ``math.inf`` when none will."""
-        return min((plan.next_use(key) for plan in self._plans.values()), default=math.inf)
+        Returns the readers whose plans moved.
+        """
+        if reader is not None:
+            plan = self._plans.get(reader)
+            return [reader] if plan is not None and plan.advance(key) else []
+        return [r for r, plan in self._plans.items() if plan.advance(key)]
+
+    def next_use(self, key: str, skip: int = 0) -> float:
+        """Reads until some plan reads ``key`` (0: next), or ``math.inf`` when none will.
+
+        With ``skip=1``, the use after the next one in each plan (what keeping an object
+        is worth once the read it is prefetched for has happened).
+        """
+        return min((plan.next_use(key, skip) for plan in self._plans.values()), default=math.inf)
 
     def upcoming(self, count: int) -> list[str]:
         """The next ``count`` keys of every plan, nearest first, without duplicates."""
@@ -139,13 +149,15 @@ class HintBoard:
         if self.env is not None:
             created = time.time()
             value = _PLAN.pack(os.getpid(), created) + "\n".join(keys).encode()
-            self._write({_PLAN_PREFIX + reader.encode(): value, _POS_PREFIX + reader.encode(): _POS.pack(0, created)})
+            self._write(
+                {_PLAN_PREFIX + reader.encode(): value, _POS_PREFIX + reader.encode(): _POS.pack(0, created)}
+            )
         return reader
 
-    def advance(self, key: str) -> None:
-        """Record that this process read ``key``: plans expecting it move past it."""
+    def advance(self, key: str, reader: str | None = None) -> None:
+        """Record that this process read ``key`` for ``reader`` (None: for any plan expecting it)."""
         with self._lock:
-            self._dirty.update(self.local.advance(key))
+            self._dirty.update(self.local.advance(key, reader))
 
     def drop(self, reader: str) -> None:
         """Withdraw ``reader``'s plan."""
@@ -154,11 +166,16 @@ class HintBoard:
             self._dirty.discard(reader)
         self._write({_PLAN_PREFIX + reader.encode(): None, _POS_PREFIX + reader.encode(): None})
 
-    def next_use(self, keys: Iterable[str]) -> dict[str, float]:
-        """Next announced use of each key over the plans of every process."""
-        self._refresh()
+    def next_use(self, keys: Iterable[str], *, skip: int = 0, refresh: bool = True) -> dict[str, float]:
+        """Next announced use of each key over the plans of every process.
+
+        ``refresh=False`` uses the board as last read, which is what a caller inside an
+        LMDB transaction must do (a thread holds one transaction at a time).
+        """
+        if refresh:
+            self.refresh()
         with self._lock:
-            return {k: min(self.local.next_use(k), self._remote.next_use(k)) for k in keys}
+            return {k: min(self.local.next_use(k, skip), self._remote.next_use(k, skip)) for k in keys}
 
     def upcoming(self, count: int) -> list[str]:
         """The next ``count`` keys of this process's plans (what to prefetch)."""
@@ -196,12 +213,13 @@ class HintBoard:
         except Exception:  # hints are advisory: never fail a read for them
             self.errors += 1
 
-    def _refresh(self) -> None:
-        if self.env is None or time.monotonic() - self._refreshed < self.refresh_interval:
+    def refresh(self, *, force: bool = False) -> None:
+        """Re-read other processes' plans if the last read is older than ``refresh_interval``."""
+        if self.env is None or (not force and time.monotonic() - self._refreshed < self.refresh_interval):
             return
         self._refreshed = time.monotonic()
         try:
-            plans, stale = self._read_board()
+            plans, stale = self._read_board(self.env)
         except Exception:
             self.errors += 1
             return
@@ -218,14 +236,15 @@ class HintBoard:
         if stale:
             self._write({k: None for r in stale for k in (_PLAN_PREFIX + r, _POS_PREFIX + r)})
 
-    def _read_board(self) -> tuple[dict[str, tuple[float, list[str] | None, int]], list[bytes]]:
+    def _read_board(
+        self, env: SharedEnv
+    ) -> tuple[dict[str, tuple[float, list[str] | None, int]], list[bytes]]:
         plans: dict[str, tuple[float, list[str] | None, int]] = {}
         stale: list[bytes] = []
         local = set(self.local.readers())
         now = time.time()
-        assert self.env is not None
-        with self.env.read(buffers=True) as txn:
-            db = self.env.db("hints")
+        with env.read(buffers=True) as txn:
+            db = env.db("hints")
             cursor = txn.cursor(db)
             found = cursor.set_range(_PLAN_PREFIX)
             while found and bytes(cursor.key()).startswith(_PLAN_PREFIX):
@@ -263,25 +282,39 @@ class Prefetcher:
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
         self.errors = 0
 
     def schedule(self, keys: Iterable[str]) -> int:
         """Start fetching the keys not already in flight; return how many were started."""
-        started = 0
+        started: list[tuple[str, Future[None]]] = []
         with self._lock:
             if self._pid != os.getpid():  # a pool inherited through fork has no threads
-                self._pool, self._inflight, self._pid = None, set(), os.getpid()
+                self._pool, self._inflight, self._pid = None, {}, os.getpid()
             for key in keys:
                 if key in self._inflight:
                     continue
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="tierdata-prefetch")
-                self._inflight.add(key)
-                self._pool.submit(self._run, key).add_done_callback(self._done_callback(key))
-                started += 1
-        return started
+                future = self._pool.submit(self._run, key)
+                self._inflight[key] = future
+                started.append((key, future))
+        for key, future in started:  # outside the lock: a finished future calls back at once
+            future.add_done_callback(self._done_callback(key))
+        return len(started)
+
+    def join(self, key: str, timeout: float | None = None) -> bool:
+        """Wait for an in-flight fetch of ``key``; True if there was one and it finished."""
+        with self._lock:
+            future = self._inflight.get(key) if self._pid == os.getpid() else None
+        if future is None:
+            return False
+        try:
+            future.result(timeout)
+        except Exception:
+            return False
+        return True
 
     def _run(self, key: str) -> None:
         self._fetch(key)
@@ -289,7 +322,8 @@ class Prefetcher:
     def _done_callback(self, key: str) -> Callable[[Future[None]], None]:
         def done(future: Future[None]) -> None:
             with self._lock:
-                self._inflight.discard(key)
+                if self._inflight.get(key) is future:
+                    del self._inflight[key]
             if future.exception() is not None:
                 self.errors += 1
 

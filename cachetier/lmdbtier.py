@@ -42,7 +42,9 @@ import fcntl
 import json
 import math
 import os
+import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,40 +83,85 @@ class Resident:
 Chooser = Callable[[int, list[Resident], "lmdb.Transaction"], "list[str] | None"]
 
 
-class SharedEnv:
-    """The node's LMDB environment under ``path``, opened lazily in each process."""
+@dataclass
+class _Handle:
+    """One process's open environment for one path, shared by every SharedEnv on that path."""
 
-    def __init__(self, path: str | os.PathLike[str], *, map_size: int, readers: int = 512):
+    env: lmdb.Environment
+    dbs: dict[str, object]
+    pid: int
+    map_size: int
+    budget_cap: int
+    page_size: int
+    users: int = 0
+
+
+# LMDB allows one open handle per path per process, so handles are shared by path. The
+# registry is process state by nature: entries of another pid were inherited via fork.
+_HANDLES: dict[Path, _Handle] = {}
+_REGISTRY_LOCK = [threading.Lock(), os.getpid()]
+
+
+def _registry_lock() -> threading.Lock:
+    if _REGISTRY_LOCK[1] != os.getpid():  # copied by fork, maybe held by a vanished thread
+        _REGISTRY_LOCK[:] = [threading.Lock(), os.getpid()]
+    return _REGISTRY_LOCK[0]  # type: ignore[return-value]
+
+
+class SharedEnv:
+    """The node's LMDB environment under ``path``, opened lazily in each process.
+
+    Every SharedEnv on one path in one process uses the same LMDB handle. ``map_size``
+    and ``budget`` apply only when this call creates the environment; later processes
+    use the values recorded in ``tier.json``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, map_size: int, budget: int, readers: int = 512):
         self.path = Path(path).expanduser().absolute()
         self._requested_map_size = map_size
+        self._requested_budget = budget
         self._readers = readers
-        self._env: lmdb.Environment | None = None
-        self._dbs: dict[str, object] = {}
-        self._pid = -1
-        self._lock = threading.Lock()
-        self.map_size = 0
-        self.page_size = 4096
+        self._handle: _Handle | None = None
+
+    def _current(self) -> _Handle:
+        handle = self._handle
+        if handle is not None and handle.pid == os.getpid() and _HANDLES.get(self.path) is handle:
+            return handle
+        with _registry_lock():
+            handle = _HANDLES.get(self.path)
+            if handle is not None and handle.pid != os.getpid():
+                handle.env.close()  # inherited from the parent: LMDB cannot reopen the path until closed
+                handle = None
+            if handle is None:
+                handle = self._open_here()
+                _HANDLES[self.path] = handle
+            if self._handle is not handle:
+                handle.users += 1
+                self._handle = handle
+            return handle
 
     def open(self) -> lmdb.Environment:
         """Return this process's handle, opening (or reopening after a fork) as needed."""
-        env = self._env
-        if env is not None and self._pid == os.getpid():
-            return env
-        if self._pid != os.getpid():
-            self._lock = threading.Lock()  # a lock copied by fork may be held by a vanished thread
-        with self._lock:
-            if self._env is not None and self._pid != os.getpid():
-                self._env.close()  # inherited from the parent: close it before reopening the path
-                self._env = None
-            if self._env is None:
-                self._env = self._open_here()
-                self._pid = os.getpid()
-            return self._env
+        return self._current().env
+
+    @property
+    def map_size(self) -> int:
+        """The map size fixed when the environment was created."""
+        return self._current().map_size
+
+    @property
+    def budget_cap(self) -> int:
+        """The SSD budget the map was sized for (a larger request is capped to it)."""
+        return self._current().budget_cap
+
+    @property
+    def page_size(self) -> int:
+        """LMDB's page size."""
+        return self._current().page_size
 
     def db(self, name: str) -> object:
         """Return the handle of named database ``name`` (one of data, stats, hints, meta)."""
-        self.open()
-        return self._dbs[name]
+        return self._current().dbs[name]
 
     @contextmanager
     def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
@@ -130,11 +177,12 @@ class SharedEnv:
 
     def used_bytes(self, txn: lmdb.Transaction) -> int:
         """Bytes of pages in use by every database, as seen by ``txn`` (free pages excluded)."""
+        handle = self._current()
         pages = 2  # the two meta pages
-        for handle in (*self._dbs.values(), self._dbs["_main"]):
-            st = txn.stat(handle)
+        for db in handle.dbs.values():  # the four named databases and the main one
+            st = txn.stat(db)
             pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
-        return pages * self.page_size
+        return pages * handle.page_size
 
     def file_bytes(self) -> int:
         """Bytes the data file really occupies on disk."""
@@ -144,48 +192,53 @@ class SharedEnv:
             return 0
 
     def close(self) -> None:
-        """Close this process's handle (an inherited one is left to the parent)."""
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
-        self._dbs = {}
+        """Release this object's use of the handle; the last user in the process closes it."""
+        handle, self._handle = self._handle, None
+        if handle is None or handle.pid != os.getpid():
+            return
+        with _registry_lock():
+            handle.users -= 1
+            if handle.users <= 0 and _HANDLES.get(self.path) is handle:
+                del _HANDLES[self.path]
+                handle.env.close()
 
-    def _open_here(self) -> lmdb.Environment:
+    def _open_here(self) -> _Handle:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self.map_size = self._layout()
+            map_size, budget_cap = self._layout()
             env = lmdb.open(
                 str(self.path),
-                map_size=self.map_size,
+                map_size=map_size,
                 max_dbs=len(_DATABASES) + 1,
                 max_readers=self._readers,
                 readahead=True,
                 metasync=False,
                 meminit=False,
             )
+            env.reader_check()  # clear reader slots left by killed processes
+            dbs: dict[str, object] = {name: env.open_db(name.encode()) for name in _DATABASES}
+            dbs["_main"] = env.open_db(None)
         except (OSError, lmdb.Error) as e:
             raise _unavailable(e, self.path) from e
-        env.reader_check()  # clear reader slots left by killed processes
-        self.page_size = env.stat()["psize"]
-        dbs: dict[str, object] = {name: env.open_db(name.encode()) for name in _DATABASES}
-        dbs["_main"] = env.open_db(None)
-        self._dbs = dbs
-        return env
+        return _Handle(env, dbs, os.getpid(), map_size, budget_cap, env.stat()["psize"])
 
-    def _layout(self) -> int:
-        """Read the map size fixed at creation, or fix it now (under a lock, once per node)."""
+    def _layout(self) -> tuple[int, int]:
+        """Read the map size and budget fixed at creation, or fix them now (once per node)."""
         layout = self.path / _LAYOUT_FILE
         with open(self.path / ".layout.lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                return int(json.loads(layout.read_text())["map_size"])
+                fixed = json.loads(layout.read_text())
+                return int(fixed["map_size"]), int(fixed["budget_cap"])
             except (FileNotFoundError, ValueError, KeyError):
                 pass
             map_size = max(self._requested_map_size, 1 << 20)
+            budget_cap = self._requested_budget
             tmp = layout.with_suffix(f".tmp.{os.getpid()}")
-            tmp.write_text(json.dumps({"version": _LAYOUT_VERSION, "map_size": map_size}))
+            fixed = {"version": _LAYOUT_VERSION, "map_size": map_size, "budget_cap": budget_cap}
+            tmp.write_text(json.dumps(fixed))
             os.replace(tmp, layout)
-            return map_size
+            return map_size, budget_cap
 
 
 class LmdbTier(Store):
@@ -200,9 +253,9 @@ class LmdbTier(Store):
 
     @property
     def budget(self) -> int:
-        """The byte budget in force: the requested one, capped by the fixed map size."""
+        """The byte budget in force: the requested one, capped by the budget the map was sized for."""
         self.env.open()
-        return min(self.requested_budget, int(self.env.map_size / 1.1))
+        return min(self.requested_budget, self.env.budget_cap)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -211,18 +264,16 @@ class LmdbTier(Store):
 
         Returns what ``use`` returned, or None when the key is absent or its value is
         damaged (a damaged value is deleted and counted as ``corrupt``). The view is
-        invalid after ``use`` returns: copy what must outlive it.
+        invalid after ``use`` returns: copy what must outlive it. Hits and misses are
+        counted by the caller, which knows what a read means to it.
         """
         db = self.env.db("data")
         with self.env.read(buffers=True) as txn:
             frame = txn.get(key.encode(), db=db)
             if frame is None:
-                self.counters.misses += 1
                 return None
             payload = open_frame(frame, verify=self.verify)
             if payload is not None:
-                self.counters.hits += 1
-                self.counters.bytes_read += payload.nbytes
                 return use(payload)
         self.counters.corrupt += 1
         self.delete(key)
@@ -270,20 +321,26 @@ class LmdbTier(Store):
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: BytesLike) -> None:
-        """Store ``data``, evicting residents in key order if needed (TieredStore uses :meth:`admit`)."""
-        if not self.admit(key, data):
+        """Store (or replace) ``data``, evicting residents in key order if needed.
+
+        TieredStore uses :meth:`admit`, which lets its policy choose.
+        """
+        if not self.admit(key, data, replace=True):
             raise BadInputError(
                 f"value of {memoryview(data).nbytes} bytes does not fit the {self.budget}-byte budget",
                 subject=f"{self.url}/{key}",
             )
 
-    def admit(self, key: str, data: BytesLike, choose: Chooser | None = None) -> bool:
+    def admit(
+        self, key: str, data: BytesLike, choose: Chooser | None = None, *, replace: bool = False
+    ) -> bool:
         """Store ``data`` under ``key`` if it fits the budget once ``choose``'s victims are gone.
 
         ``choose(missing_bytes, residents, txn)`` returns the keys to evict or None to
         give up; without it, residents are evicted in key order. Returns True when the
-        value is stored (or already was). Raises StoreUnavailableError when the disk
-        refuses the write; the caller degrades to reading through.
+        value is stored (or already was: values are immutable unless ``replace``).
+        Raises StoreUnavailableError when the disk refuses the write; the caller degrades
+        to reading through.
         """
         payload = memoryview(data).cast("B")
         frame_bytes = HEADER_SIZE + payload.nbytes
@@ -292,13 +349,24 @@ class LmdbTier(Store):
             return False
         header = frame_header(payload)
         extra = 0
-        for _ in range(_ROOM_ATTEMPTS):
+        choose = choose or _key_order
+        for attempt in range(_ROOM_ATTEMPTS):
             try:
-                return self._admit_once(key, header, payload, need + extra, choose or _key_order)
+                return self._admit_once(key, header, payload, need + extra, choose, replace)
             except lmdb.MapFullError:
-                # Freed pages become reusable only a commit later: free more, then retry.
+                # The map is full of pages freed too recently to reuse: LMDB reuses a page
+                # two commits after the one that freed it, and never one a reader still
+                # sees. First let two small commits pass; if that is not enough, evict
+                # more in a commit of its own. Then retry.
                 self.counters.map_full += 1
-                extra += need
+                try:
+                    if attempt and not self._free_pages(need, choose):
+                        self.counters.rejections += 1
+                        return False
+                    self._tick(2)
+                except (OSError, lmdb.Error) as e:
+                    self.counters.errors += 1
+                    raise _unavailable(e, self.env.path) from e
             except _OverBudget as over:
                 extra += over.by
             except (OSError, lmdb.Error) as e:
@@ -306,30 +374,60 @@ class LmdbTier(Store):
                 raise _unavailable(e, self.env.path) from e
         return False
 
-    def _admit_once(self, key: str, header: bytes, payload: memoryview, need: int, choose: Chooser) -> bool:
-        data_db = self.env.db("data")
-        budget = self.budget
-        with self.env.write() as txn:
-            bkey = key.encode()
-            if txn.get(bkey, db=data_db) is not None:
+    def _admit_once(
+        self, key: str, header: bytes, payload: memoryview, need: int, choose: Chooser, replace: bool
+    ) -> bool:
+        bkey = key.encode()
+        # Decide in a read transaction first: a refusal then costs no write lock and no commit.
+        with self.env.read(buffers=True) as txn:
+            if not replace and txn.get(bkey, db=self.env.db("data")) is not None:
                 return True
-            missing = self.env.used_bytes(txn) + need - budget
-            if missing > 0:
-                residents = self.residents(txn)
-                victims = choose(missing, residents, txn)
-                if victims is None:
-                    self.counters.rejections += 1
-                    return False
-                for victim in victims:
-                    if txn.delete(victim.encode(), db=data_db):
-                        self.counters.evictions += 1
+            if not replace and self._victims(txn, need, choose) is None:
+                self.counters.rejections += 1
+                return False
+        with self.env.write() as txn:
+            data_db = self.env.db("data")
+            if txn.get(bkey, db=data_db) is not None:
+                if not replace:
+                    return True
+                txn.delete(bkey, db=data_db)
+            victims = self._victims(txn, need, choose)
+            if victims is None:
+                self.counters.rejections += 1
+                return False
+            for victim in victims:
+                if txn.delete(victim.encode(), db=data_db):
+                    self.counters.evictions += 1
             txn.put(bkey, header + payload, db=data_db)
-            over = self.env.used_bytes(txn) - budget
+            over = self.env.used_bytes(txn) - self.budget
             if over > 0:
                 raise _OverBudget(over)
         self.counters.admissions += 1
         self.counters.bytes_written += payload.nbytes
         return True
+
+    def _free_pages(self, need: int, choose: Chooser) -> bool:
+        data_db = self.env.db("data")
+        with self.env.write() as txn:
+            victims = choose(need, self.residents(txn), txn)
+            if not victims:
+                return False
+            for victim in victims:
+                if txn.delete(victim.encode(), db=data_db):
+                    self.counters.evictions += 1
+        return True
+
+    def _tick(self, commits: int) -> None:
+        """Commit ``commits`` one-page transactions, so recently freed pages become reusable."""
+        for _ in range(commits):
+            with self.env.write() as txn:
+                txn.put(b"tick", struct.pack("<d", time.time()), db=self.env.db("meta"))
+
+    def _victims(self, txn: lmdb.Transaction, need: int, choose: Chooser) -> list[str] | None:
+        missing = self.env.used_bytes(txn) + need - self.budget
+        if missing <= 0:
+            return []
+        return choose(missing, self.residents(txn), txn)
 
     def delete(self, key: str) -> None:
         with self.env.write() as txn:

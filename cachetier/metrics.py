@@ -126,8 +126,9 @@ class FetchCounters(_Arithmetic):
 
 @dataclass(slots=True)
 class CacheCounters(_Arithmetic):
-    """Counters of the whole cache: RAM tier, SSD tier, object-store fetches."""
+    """Counters of the whole cache: reads asked for, RAM tier, SSD tier, object-store fetches."""
 
+    reads: int = 0
     ram: TierCounters = field(default_factory=TierCounters)
     ssd: TierCounters = field(default_factory=TierCounters)
     store: FetchCounters = field(default_factory=FetchCounters)
@@ -136,6 +137,7 @@ class CacheCounters(_Arithmetic):
     def from_dict(cls, data: Mapping[str, Any]) -> CacheCounters:
         """Inverse of :meth:`to_dict`."""
         return cls(
+            reads=int(data.get("reads", 0)),
             ram=TierCounters.from_dict(data.get("ram", {})),
             ssd=TierCounters.from_dict(data.get("ssd", {})),
             store=FetchCounters.from_dict(data.get("store", {})),
@@ -185,7 +187,7 @@ def _families(stats: Mapping[str, Any]) -> Iterator[Any]:
         family = CounterMetricFamily(f"tierdata_store_{key}", doc)
         family.add_metric([], float(store.get(key, 0)))
         yield family
-    latency = store.get("fetch_latency", {"buckets": {}, "sum_seconds": 0.0})
+    latency = store.get("fetch_latency") or FetchCounters().latency_dict()
     hist = HistogramMetricFamily("tierdata_store_fetch_latency_seconds", "Object-store fetch latency")
     hist.add_metric([], [(b, float(n)) for b, n in latency["buckets"].items()], latency["sum_seconds"])
     yield hist

@@ -74,7 +74,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRANSIENT_STATUS = frozenset({500, 502, 503, 504})
-_TRANSIENT_CODES = frozenset({"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"})
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "OperationAborted"}
+)
 _DENIED_CODES = frozenset(
     {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
 )
@@ -339,11 +341,9 @@ class S3Store(Store):
         )
         return client, pool
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"bucket": self.bucket, "prefix": self.prefix, "options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["bucket"], state["prefix"], options=state["options"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickles carry the settings, never a client or its sockets.
+        return (_reopen, (type(self), self.bucket, self.prefix, self.options))
 
     def close(self) -> None:
         with self._client_lock:
@@ -358,7 +358,7 @@ class S3Store(Store):
         return self._root + key
 
     def _subject(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self._root}{key}" if key else f"s3://{self.bucket}"
+        return f"s3://{self.bucket}/{self._root}{key}" if key else self.url
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         """Run one request, retrying transient failures; translate every backend error."""
@@ -371,7 +371,7 @@ class S3Store(Store):
                 raise
             except _BACKEND_ERRORS as exc:
                 self._give_up_unless_transient(exc, op, key, attempt)
-            self._pause(op, key, attempt)
+            self._pause(attempt)
 
     def _give_up_unless_transient(self, exc: Exception, op: str, key: str, attempt: int) -> None:
         """Return if ``exc`` is worth another try; otherwise raise its translation."""
@@ -381,13 +381,14 @@ class S3Store(Store):
             raise StoreUnavailableError(
                 f"{op} failed after {attempt} attempts at {self.endpoint}: {_describe(exc)}",
                 subject=self._subject(key),
-                hint="check that the S3 endpoint is up and reachable (AWS_ENDPOINT_URL)",
+                hint="check that the S3 endpoint (AWS_ENDPOINT_URL) is up and reachable",
             ) from exc
         log.warning(
             "%s %s at %s failed (%s); retrying", op, self._subject(key), self.endpoint, _describe(exc)
         )
 
-    def _pause(self, op: str, key: str, attempt: int) -> None:
+    def _pause(self, attempt: int) -> None:
+        """Sleep before try ``attempt + 1``: exponential backoff, half of it random (jitter)."""
         step = min(self.options.backoff_cap, self.options.backoff_base * 2 ** (attempt - 1))
         time.sleep(step / 2 + random.uniform(0, step / 2))
 
@@ -402,7 +403,7 @@ class S3Store(Store):
             )
         if code == "NoSuchKey" or status == 404:
             return NotFoundError("no such key", subject=subject)
-        if code in _CONFLICT_CODES or status in (409, 412):
+        if code in _CONFLICT_CODES or (op == "CAS" and status in (409, 412)):
             return ConflictError(
                 "compare-and-swap failed: the value changed since it was read",
                 subject=subject,
@@ -493,7 +494,7 @@ class S3Store(Store):
             except _BACKEND_ERRORS as exc:
                 failures += 1
                 self._give_up_unless_transient(exc, "LIST", prefix, failures)
-            self._pause("LIST", prefix, failures)
+            self._pause(failures)
 
     def get_to_file(self, key: str, path: str | os.PathLike[str]) -> None:
         name = self._name(key)
@@ -644,7 +645,13 @@ def _describe(exc: BaseException) -> str:
     if status:
         return f"HTTP {status}"
     text = str(exc).splitlines()[0] if str(exc) else ""
+    if "Connection(host=" in text:  # urllib3 repeats host and port, which the message names already
+        text = text.partition("): ")[2] or text
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _reopen(cls: type[S3Store], bucket: str, prefix: str, options: S3Options) -> S3Store:
+    return cls(bucket, prefix, options=options)
 
 
 def _unquote(etag: str) -> str:

@@ -79,7 +79,7 @@ class AccessStats(ABC):
     def now(self) -> float:
         """The logical clock: accesses recorded so far."""
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (a no-op by default: most tables buffer nothing)
         """Publish buffered accesses (no-op where nothing is buffered)."""
 
     def close(self) -> None:

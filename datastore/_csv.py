@@ -195,4 +195,3 @@ def _scan(ctx: ReadContext, delimiter: str, bad: Callable[[list[str]], bool]) ->
         except csv.Error:
             return start
         return state["error"]
-

@@ -27,7 +27,14 @@ from datastore._sourcebase import ReadContext
 
 __all__ = ["read_jsonl"]
 
-_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, UnicodeDecodeError, ValueError)
+_NON_BLANK = re.compile(rb"[^ \t\r\n]")
+_ARROW_ERRORS = (
+    pa.ArrowInvalid,
+    pa.ArrowNotImplementedError,
+    pa.ArrowTypeError,
+    UnicodeDecodeError,
+    ValueError,
+)
 
 
 def read_jsonl(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
@@ -49,7 +56,8 @@ def read_jsonl(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
 
 
 def _check_not_array(block: bytes, ctx: ReadContext) -> None:
-    if block.lstrip()[:1] == b"[":
+    first = _NON_BLANK.search(block)
+    if first is not None and first.group() == b"[":
         raise BadInputError(
             "a JSON array, not JSON Lines",
             subject=f"{ctx.spec.display}:1",
@@ -64,30 +72,59 @@ def _parse(data: bytes, schema: pa.Schema | None, *, strict: bool = False) -> pa
         behavior = "error" if strict else "infer"
         parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=behavior)
     try:
-        return pj.read_json(io.BytesIO(data), parse_options=parse_options)
+        table = pj.read_json(io.BytesIO(data), parse_options=parse_options)
     except pa.ArrowInvalid as e:
         if "straddl" not in str(e):
             raise
         options = pj.ReadOptions(block_size=len(data) + 1)  # one line longer than Arrow's block
-        return pj.read_json(io.BytesIO(data), read_options=options, parse_options=parse_options)
+        table = pj.read_json(io.BytesIO(data), read_options=options, parse_options=parse_options)
+    if any(_has_null_list(f.type) for f in table.schema):
+        columns = [pa.chunked_array([_repair(x) for x in c.chunks], c.type) for c in table.columns]
+        table = pa.table(columns, schema=table.schema)
+    return table
+
+
+def _has_null_list(t: pa.DataType) -> bool:
+    if pa.types.is_list(t):
+        return pa.types.is_null(t.value_type) or _has_null_list(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_has_null_list(f.type) for f in t)
+    return False
+
+
+def _repair(arr: pa.Array) -> pa.Array:
+    """Rebuild lists of nulls: Arrow's JSON reader (as of 26.0) gives them a short child."""
+    t = arr.type
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_list(t) and _has_null_list(t):
+        offsets = arr.offsets
+        end = offsets[-1].as_py() if len(offsets) else 0
+        values = pa.nulls(end) if pa.types.is_null(t.value_type) else _repair(arr.values.slice(0, end))
+        return pa.ListArray.from_arrays(offsets, values, type=t, mask=mask)
+    if pa.types.is_struct(t) and _has_null_list(t):
+        children = [_repair(arr.field(i)) for i in range(t.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    return arr
 
 
 def _parse_block(block: bytes, first_line: int, ctx: ReadContext) -> pa.Table | None:
     """Parse one block to a table of ``ctx.schema`` (defining it on the first block)."""
-    if not block.strip():
+    if _blank(block):
         return None
     while True:
         try:
             table = _parse(block, ctx.schema, strict=ctx.locked)
         except _ARROW_ERRORS as e:
             block = _recover(block, first_line, ctx, e)
-            if not block.strip():
+            if _blank(block):
                 return None
             continue
         if ctx.schema is None:
             schema = normalize_json_schema(table.schema)
             ctx.define_schema(schema)
-            return table if same_types(table.schema, schema) else _parse(block, schema)
+            # Parse again with the types fixed: Arrow's inference (as of 26.0) turns the
+            # nulls of an inferred list<int64> such as [null, 0] into zeros.
+            return _parse(block, schema)
         if same_types(table.schema, ctx.schema):
             return table
         wider, _ = widen_schema(ctx.schema, normalize_json_schema(table.schema))
@@ -98,14 +135,7 @@ def _parse_block(block: bytes, first_line: int, ctx: ReadContext) -> pa.Table | 
 def _recover(block: bytes, first_line: int, ctx: ReadContext, error: Exception) -> bytes:
     """After a failed parse: widen the schema (raises), fail naming the line, or drop bad lines."""
     if ctx.schema is not None and not ctx.locked:
-        try:
-            inferred = normalize_json_schema(_parse(block, None).schema)
-        except _ARROW_ERRORS:
-            inferred = None
-        if inferred is not None:
-            wider, _ = widen_schema(ctx.schema, inferred)
-            if wider is not None and not same_types(wider, ctx.schema):
-                ctx.widen(wider, f"{ctx.spec.display}:{first_line}")
+        _widen_for(block, first_line, ctx)  # the block as a whole needs wider types?
     if ctx.skip:
         cleaned, dropped = _drop_unparsable(block)
         if dropped:
@@ -115,14 +145,32 @@ def _recover(block: bytes, first_line: int, ctx: ReadContext, error: Exception) 
     if index is None:
         raise BadInputError(_clean(str(error)), subject=f"{ctx.spec.display}:{first_line}")
     lines = block.splitlines(keepends=True)
+    if ctx.schema is not None and not ctx.locked:
+        _widen_for(lines[index], first_line + index, ctx)  # the first failing line needs them?
     if ctx.skip:
         ctx.stats.skipped += 1
         return b"".join([*lines[:index], b"\n", *lines[index + 1 :]])
     raise BadInputError(
-        _describe(lines[index], message),
+        _describe(lines[index], message, ctx),
         subject=f"{ctx.spec.display}:{first_line + index}",
         hint="fix or remove the line, or pass --on-error skip",
     )
+
+
+def _widen_for(data: bytes, first_line: int, ctx: ReadContext) -> None:
+    """Raise SchemaWidened if ``data`` parses alone and only needs wider types than ``ctx.schema``."""
+    try:
+        inferred = normalize_json_schema(_parse(data, None).schema)
+    except _ARROW_ERRORS:
+        return
+    wider, _ = widen_schema(ctx.schema, inferred)
+    if wider is not None and not same_types(wider, ctx.schema):
+        ctx.widen(wider, f"{ctx.spec.display}:{first_line}")
+
+
+def _blank(data: bytes) -> bool:
+    """True when ``data`` is only whitespace (without copying it, unlike ``strip``)."""
+    return _NON_BLANK.search(data) is None
 
 
 def _drop_unparsable(block: bytes) -> tuple[bytes, int]:
@@ -158,7 +206,7 @@ def _first_bad_line(block: bytes, parse: Callable[[bytes], pa.Table]) -> tuple[i
         mid = (lo + hi) // 2
         try:
             prefix = block[: ends[mid - 1]] if mid > 0 else b""
-            if prefix.strip():
+            if not _blank(prefix):
                 parse(prefix)
             lo = mid
         except _ARROW_ERRORS as e:
@@ -166,12 +214,12 @@ def _first_bad_line(block: bytes, parse: Callable[[bytes], pa.Table]) -> tuple[i
     return hi - 1, message
 
 
-def _describe(line: bytes, arrow_message: str) -> str:
+def _describe(line: bytes, arrow_message: str, ctx: ReadContext) -> str:
     """One phrase saying what is wrong with a JSON line."""
     if b"\x00" in line:
         return "binary data (a NUL byte), not JSON"
     try:
-        value = json.loads(line)
+        value = json.loads(line.strip())
     except UnicodeDecodeError:
         return "not valid UTF-8 (binary data?)"
     except json.JSONDecodeError as e:
@@ -180,6 +228,10 @@ def _describe(line: bytes, arrow_message: str) -> str:
         return f"invalid JSON: {e}"
     if not isinstance(value, dict):
         return f"expected a JSON object, found {type(value).__name__}"
+    if "unexpected field" in arrow_message and ctx.schema is not None:
+        extra = [k for k in value if k not in ctx.schema.names]
+        if extra:
+            return f"column {extra[0]!r} is not in the schema of {ctx.locked_by or 'the earlier records'}"
     return _clean(arrow_message)
 
 
@@ -188,4 +240,3 @@ def _clean(message: str) -> str:
     message = re.sub(r" in row \d+$", "", message)
     message = re.sub(r"Column\(/([^)]*)\)", lambda m: f"column {m.group(1).replace('/', '.')!r}", message)
     return message.replace("\n", " ")
-

@@ -28,9 +28,7 @@ def read_parquet(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         pf = pq.ParquetFile(ctx.spec.path)
         schema = pf.schema_arrow.remove_metadata()
     except _ERRORS as e:
-        raise BadInputError(
-            f"not a Parquet file, or truncated ({_first_line(e)})", subject=display
-        ) from e
+        raise BadInputError(f"not a Parquet file, or truncated ({_first_line(e)})", subject=display) from e
     ctx.fix_schema(schema)
     meta = pf.metadata
     for index in range(meta.num_row_groups):

@@ -26,7 +26,7 @@ __all__ = ["FORMATS", "ReadContext", "SchemaWidened", "SourceSpec", "SourceStats
 FORMATS = ("jsonl", "parquet", "csv", "text", "files")
 
 
-class SchemaWidened(Exception):  # noqa: N818 - a signal, not an error the user sees
+class SchemaWidened(Exception):
     """A source needs a wider schema than the one in use: the ingest restarts with it."""
 
     def __init__(self, schema: pa.Schema, where: str):
@@ -53,7 +53,7 @@ class SourceStats:
     records: int = 0
     skipped: int = 0
     hash: str | None = None
-    files_read: int = 0
+    bytes: int = 0  # input bytes, where the file size does not say it (a directory)
 
 
 @dataclass(slots=True, kw_only=True)

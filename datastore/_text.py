@@ -42,7 +42,9 @@ def _lines(block: bytes, first_line: int, ctx: ReadContext) -> pa.StringArray:
         if not ctx.skip:
             offset, what = bad
             line = first_line + block.count(b"\n", 0, offset)
-            raise BadInputError(what, subject=f"{ctx.spec.display}:{line}", hint="pass --on-error skip to drop such lines")
+            raise BadInputError(
+                what, subject=f"{ctx.spec.display}:{line}", hint="pass --on-error skip to drop such lines"
+            )
         block = _drop_bad_lines(block, ctx)
     body = block[:-1] if block.endswith(b"\n") else block
     if not body and not block:

@@ -58,7 +58,8 @@ class ChunkOptions:
     def __post_init__(self) -> None:
         if not (64 <= self.min_size <= self.avg_size <= self.max_size and self.max_size >= 1024):
             raise BadInputError(
-                f"chunk sizes must satisfy 64 <= min <= avg <= max: {self.min_size}/{self.avg_size}/{self.max_size}",
+                "chunk sizes must satisfy 64 <= min <= avg <= max: "
+                f"{self.min_size}/{self.avg_size}/{self.max_size}",
                 subject="chunk options",
             )
 
@@ -70,46 +71,60 @@ class ChunkOptions:
         )
 
 
-def iter_chunks(stream: BinaryIO, options: ChunkOptions | None = None) -> Iterator[bytes]:
+def iter_chunks(stream: BinaryIO, options: ChunkOptions | None = None) -> Iterator[memoryview]:
     """Yield the content-defined chunks of a binary stream, reading it in bounded windows.
 
     Cut points depend only on the bytes from a chunk's start to at most ``max_size``
-    after it, so chunks come out identical to chunking the whole stream at once.
+    after it, so chunks come out identical to chunking the whole stream at once. Chunks
+    are read-only views into a fresh buffer per window (no copies); a window is freed
+    once no chunk of it is referenced any more.
     """
     options = options or ChunkOptions()
     window = max(_WINDOW, 4 * options.max_size)
-    buf = bytearray()
+    carry = b""
     eof = False
-    while True:
-        while not eof and len(buf) < window:
-            block = stream.read(window)
-            if not block:
+    while not eof or carry:
+        buf = bytearray(len(carry) + window)
+        buf[: len(carry)] = carry
+        filled = len(carry)
+        while filled < len(buf):
+            n = _read_into(stream, memoryview(buf)[filled:])
+            if not n:
                 eof = True
-            else:
-                buf += block
-        if not buf:
+                break
+            filled += n
+        if filled == 0:
             return
-        with memoryview(buf) as view:
-            cuts = [
-                (c.offset, c.length)
-                for c in fastcdc_cy(view, options.min_size, options.avg_size, options.max_size)
-            ]
+        view = memoryview(buf).toreadonly()[:filled]
+        cuts = [
+            (c.offset, c.length)
+            for c in fastcdc_cy(view, options.min_size, options.avg_size, options.max_size)
+        ]
         consumed = 0
         for offset, length in cuts:
-            if not eof and offset + options.max_size > len(buf):
+            if not eof and offset + options.max_size > filled:
                 break  # too close to the window's end to know this cut: read more first
-            yield bytes(buf[offset : offset + length])
+            yield view[offset : offset + length]
             consumed = offset + length
-        del buf[:consumed]
-        if eof and not buf:
-            return
+        carry = bytes(view[consumed:])
 
 
-def pack_chunk(raw: bytes, level: int = 3) -> bytes:
+def _read_into(stream: BinaryIO, target: memoryview) -> int:
+    readinto = getattr(stream, "readinto", None)
+    if readinto is not None:
+        return readinto(target) or 0
+    data = stream.read(len(target))
+    target[: len(data)] = data
+    return len(data)
+
+
+def pack_chunk(raw: bytes | memoryview, level: int = 3) -> bytes | memoryview:
     """Return the stored form of a chunk: raw, or a zstd frame when that is smaller."""
     probe = raw[:_PROBE_BYTES]
-    helps = bool(probe) and len(zstandard.ZstdCompressor(level=1).compress(probe)) < _PROBE_RATIO * len(probe)
-    if helps or raw.startswith(_ZSTD_MAGIC):
+    helps = len(probe) > 0 and len(zstandard.ZstdCompressor(level=1).compress(probe)) < _PROBE_RATIO * len(
+        probe
+    )
+    if helps or bytes(raw[:4]) == _ZSTD_MAGIC:
         return zstandard.ZstdCompressor(level=level).compress(raw)
     return raw
 
@@ -121,9 +136,7 @@ def unpack_chunk(stored: bytes, *, max_size: int = 1 << 30) -> bytes:
     return stored
 
 
-def store_chunks(
-    stream: BinaryIO, objects: ObjectStore, options: ChunkOptions | None = None
-) -> list[str]:
+def store_chunks(stream: BinaryIO, objects: ObjectStore, options: ChunkOptions | None = None) -> list[str]:
     """Chunk a stream, store each chunk (skipping existing ones) and return the chunk ids."""
     options = options or ChunkOptions()
     return [objects.put(pack_chunk(raw, options.compression_level)) for raw in iter_chunks(stream, options)]
@@ -169,4 +182,3 @@ def read_chunks_to(
             hint="run `dataset verify`",
         )
     return written
-

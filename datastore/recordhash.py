@@ -118,8 +118,12 @@ def _segments(columns: list[pa.Array], n: int) -> list[tuple[np.ndarray, np.ndar
 
 def _direct_span(column: pa.Array):
     t = column.type
-    if not (pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t)
-            or pa.types.is_large_string(t)):
+    if not (
+        pa.types.is_binary(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_large_string(t)
+    ):
         return None
     n = len(column)
     _, offsets_buf, data = column.buffers()

@@ -19,9 +19,11 @@ the shards holding them. (With edits scattered at random a shard of ``k`` record
 rewritten with chance ``1 - 0.99**k``: at most 10% new bytes needs ``k <= 10``, so pick
 ``shard_size`` to suit how the data changes.)
 
-**Default size.** 32 MiB of canonical (uncompressed) bytes: large enough that S3 GETs
-run at full bandwidth and a million-shard table covers ~30 TB, small enough that a
-shuffle window of a few shards fits in RAM and a loader's first batch arrives fast.
+**Default size.** 16 MiB of canonical (uncompressed) bytes, the low end of "tens of MB":
+text shards then store at about 4-8 MB after zstd, the object size at which S3 GETs
+already run at full bandwidth (and at which the minio client was measured), a million
+shards cover ~16 TB, a shuffle window of a few shards fits in RAM, and a clustered edit
+rewrites ~16-50 MB. Scattered edits need smaller shards (see above).
 ``min_size`` is half the target and ``max_size`` three times it (a shard is cut at the
 max with chance ``e**-5``, so forced cuts rarely break resynchronisation).
 """
@@ -50,12 +52,15 @@ __all__ = [
     "ShardOptions",
     "ShardWriter",
     "encode_shard",
+    "read_record_hashes",
     "read_shard",
     "read_shard_schema",
+    "shard_key",
+    "shard_key_prefix",
     "write_shards",
 ]
 
-DEFAULT_SHARD_SIZE = 32 << 20
+DEFAULT_SHARD_SIZE = 16 << 20
 SHARD_FORMAT = "1"
 _MIN_SHARD_SIZE = 1024
 _MAX_SHARD_SIZE = 2 << 30
@@ -90,8 +95,9 @@ class ShardOptions:
 
     @property
     def batch_bytes(self) -> int:
-        """A shard's record batches end at the record that reaches this many bytes."""
-        return max(self.shard_size // 4, 1)
+        """A shard's record batches end at the record that reaches this many bytes
+        (a quarter of the target, at least 1 MiB: small shards are one batch)."""
+        return max(self.shard_size // 4, 1 << 20)
 
     def fingerprint(self) -> str:
         """A short string that changes whenever the shard bytes would change."""
@@ -142,13 +148,28 @@ class PendingShard:
         return self.table.num_rows
 
     def key(self, options: ShardOptions) -> str:
-        """The ingest-index key: equal keys mean equal shard bytes (records + schema + options)."""
-        h = xxhash.xxh3_128()
-        h.update(options.fingerprint().encode())
-        h.update(self.table.schema.serialize().to_pybytes())
-        if len(self.hashes):
-            h.update(memoryview(self.hashes.buffers()[1])[16 * self.hashes.offset : 16 * (self.hashes.offset + len(self.hashes))])
-        return h.hexdigest()
+        """The ingest-index key of this shard (see :func:`shard_key`)."""
+        return shard_key(self.table.schema, self.hashes, options)
+
+
+def shard_key(
+    schema: pa.Schema, hashes: pa.FixedSizeBinaryArray | bytes, options: ShardOptions | bytes
+) -> str:
+    """Equal keys mean equal shard bytes: same options, same schema, same records in order.
+
+    ``hashes`` may be the concatenated 16-byte digests; ``options`` may be the bytes of
+    :func:`shard_key_prefix` (computed once per stream).
+    """
+    prefix = options if isinstance(options, bytes) else shard_key_prefix(schema, options)
+    if isinstance(hashes, pa.FixedSizeBinaryArray):
+        n = len(hashes)
+        hashes = memoryview(hashes.buffers()[1])[16 * hashes.offset : 16 * (hashes.offset + n)] if n else b""
+    return xxhash.xxh3_128_hexdigest(prefix + bytes(hashes))
+
+
+def shard_key_prefix(schema: pa.Schema, options: ShardOptions) -> bytes:
+    """The part of :func:`shard_key` that does not depend on the records."""
+    return options.fingerprint().encode() + b"\0" + schema.remove_metadata().serialize().to_pybytes() + b"\0"
 
 
 class BoundaryCutter:
@@ -251,24 +272,28 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
     table = pending.table
     if any(pa.types.is_dictionary(f.type) for f in table.schema):
         table = table.unify_dictionaries()
-    columns = [_fresh(table.column(i)) for i in range(table.num_columns)]
-    columns.append(_fresh(pending.hashes))
-    schema = pa.schema([*table.schema, pa.field(HASH_COLUMN, pending.hashes.type, nullable=False)], metadata=_METADATA)
-    whole = pa.Table.from_arrays(columns, schema=schema)
+    schema = pa.schema(
+        [*table.schema, pa.field(HASH_COLUMN, pending.hashes.type, nullable=False)], metadata=_METADATA
+    )
+    batches = []
+    for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
+        columns = [_fresh(column.slice(start, end - start)) for column in table.columns]
+        columns.append(_fresh(pending.hashes.slice(start, end - start)))
+        batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
     write_options = pa.ipc.IpcWriteOptions(
         compression=pa.Codec("zstd", options.compression_level), use_threads=False
     )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema, options=write_options) as writer:
-        for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
-            writer.write_batch(_fresh_batch(whole.slice(start, end - start), schema))
+        for batch in batches:
+            writer.write_batch(batch)
     data = sink.getvalue().to_pybytes()
     return EncodedShard(
         hash=content_hash(data, options.algorithm),
         data=data,
-        records=whole.num_rows,
+        records=table.num_rows,
         bytes=len(data),
-        uncompressed_bytes=whole.nbytes,
+        uncompressed_bytes=sum(b.nbytes for b in batches),
         chunks=_referenced_chunks(table),
     )
 
@@ -279,10 +304,6 @@ def _fresh(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if not chunks:
         return pa.array([], column.type)
     return pa.concat_arrays(chunks)
-
-
-def _fresh_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([_fresh(c) for c in table.columns], schema=schema)
 
 
 def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:
@@ -305,6 +326,8 @@ def _referenced_chunks(table: pa.Table) -> tuple[str, ...]:
     if "chunks" not in table.column_names:
         return ()
     column = table.column("chunks")
+    if column.null_count == len(column):
+        return ()
     t = column.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
         pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)
@@ -343,7 +366,9 @@ def read_shard(
             missing = [c for c in columns if c not in names]
             if missing:
                 visible = ", ".join(n for n in names if not n.startswith("__"))
-                raise BadInputError(f"no column {missing[0]!r} in the shard", subject=missing[0], hint=f"columns: {visible}")
+                raise BadInputError(
+                    f"no column {missing[0]!r} in the shard", subject=missing[0], hint=f"columns: {visible}"
+                )
             wanted = list(columns)
         indices = sorted(names.index(c) for c in wanted)
         reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))
@@ -353,6 +378,12 @@ def read_shard(
     if list(table.column_names) != wanted:
         table = table.select(wanted)
     return table
+
+
+def read_record_hashes(data: BytesLike | pa.Buffer) -> list[bytes]:
+    """The 16-byte record hashes of a shard's records, in order (reads one column)."""
+    column = read_shard(data, [HASH_COLUMN]).column(0)
+    return [] if len(column) == 0 else column.to_pylist()
 
 
 def read_shard_schema(data: BytesLike | pa.Buffer, *, with_hidden: bool = False) -> pa.Schema:

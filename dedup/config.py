@@ -14,16 +14,16 @@ from typing import Any, Literal
 
 from cachetier.errors import BadInputError
 
-__all__ = ["DedupConfig", "Method", "Content", "Scheme", "Verify", "ShingleHash"]
+__all__ = ["Content", "DedupConfig", "Method", "Scheme", "ShingleHash", "Verify"]
 
 Method = Literal["exact", "minhash"]
 Content = Literal["text", "bytes"]
 Scheme = Literal["affine32", "legacy"]
 Verify = Literal["exact", "signature", "none"]
-# "poly": our vectorized 32-bit shingle hash (dedup.shingle.poly_hash32);
+# "fast": our vectorized shingle hash (dedup.shingle.word_shingle_hash32 / char_shingle_hash32);
 # "sha1": datasketch's default sha1_hash32 (slow, bit-for-bit datasketch compatibility);
 # or any callable bytes -> int (< 2**32), applied per shingle (slow).
-ShingleHash = Literal["poly", "sha1"] | Callable[[bytes], int]
+ShingleHash = Literal["fast", "sha1"] | Callable[[bytes], int]
 
 _METHODS = ("exact", "minhash")
 _CONTENTS = ("text", "bytes")
@@ -67,14 +67,14 @@ class DedupConfig:
     ngram: int = 5
     char_ngram: int = 5
     char_mode_token_bytes: int = 24
-    shingle_hash: ShingleHash = "poly"
+    shingle_hash: ShingleHash = "fast"
     bands: int | None = None
     rows: int | None = None
     max_miss: float = 0.01
     verify: Verify = "exact"
     max_bucket_neighbors: int = 64
     max_doc_bytes: int | None = 4 << 20
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int = 256 << 10
 
     def __post_init__(self) -> None:
         _choice("method", self.method, _METHODS)
@@ -82,7 +82,7 @@ class DedupConfig:
         _choice("scheme", self.scheme, _SCHEMES)
         _choice("verify", self.verify, _VERIFY)
         if not callable(self.shingle_hash):
-            _choice("shingle_hash", self.shingle_hash, ("poly", "sha1"))
+            _choice("shingle_hash", self.shingle_hash, ("fast", "sha1"))
         if self.method == "minhash" and self.content != "text":
             raise BadInputError(
                 "minhash dedup needs text content",

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from cachetier.errors import BadInputError
 from dedup.status import Status
 
-__all__ = ["NormalizedBatch", "normalize_array", "normalize_text", "SEPARATOR_PATTERN"]
+__all__ = ["SEPARATOR_PATTERN", "NormalizedBatch", "check_type", "normalize_array", "normalize_text"]
 
 SEPARATOR_PATTERN = r"[\p{P}\p{Z}\p{Cc}]+"
 _SPACE = 32
@@ -93,14 +93,7 @@ def normalize_array(values: pa.Array | pa.ChunkedArray, *, content: str = "text"
     """
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
-            or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)
-            or pa.types.is_string_view(values.type) or pa.types.is_binary_view(values.type)):
-        raise BadInputError(
-            f"dedup needs a string or binary column, got {values.type}",
-            subject="column",
-            hint="pick the text column with column=...",
-        )
+    check_type(values.type)
     status = np.zeros(len(values), dtype=np.uint8)
     if content == "bytes":
         values = values.cast(pa.large_binary())
@@ -111,9 +104,27 @@ def normalize_array(values: pa.Array | pa.ChunkedArray, *, content: str = "text"
     values = _as_utf8(values, status)
     values = _unicode_pass(values)
     data, starts, ends = _buffers(values)
-    data, starts, ends = _collapse(_ASCII_TABLE[data], starts, ends)
+    data, starts, ends = _collapse(data, starts, ends)
     status[(ends == starts) & (status == 0)] = Status.EMPTY
     return NormalizedBatch(data, starts, ends, status)
+
+
+def check_type(type_: pa.DataType) -> None:
+    """Raise :class:`BadInputError` unless ``type_`` is a string or binary type."""
+    t = pa.types
+    if not (
+        t.is_string(type_)
+        or t.is_large_string(type_)
+        or t.is_binary(type_)
+        or t.is_large_binary(type_)
+        or t.is_string_view(type_)
+        or t.is_binary_view(type_)
+    ):
+        raise BadInputError(
+            f"dedup needs a string or binary column, got {type_}",
+            subject="column",
+            hint="pick the text column with column=...",
+        )
 
 
 def _null_mask(values: pa.Array) -> np.ndarray:
@@ -125,8 +136,10 @@ def _null_mask(values: pa.Array) -> np.ndarray:
 def _as_utf8(values: pa.Array, status: np.ndarray) -> pa.Array:
     """``values`` as large_string; invalid UTF-8 values become null with their status set."""
     status[_null_mask(values)] = Status.NULL
-    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type) or pa.types.is_binary_view(
-        values.type
+    if (
+        pa.types.is_binary(values.type)
+        or pa.types.is_large_binary(values.type)
+        or pa.types.is_binary_view(values.type)
     ):
         try:
             return values.cast(pa.large_string())
@@ -161,27 +174,27 @@ def _buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(values)
     offsets_buf, data_buf = values.buffers()[1], values.buffers()[2]
     offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=values.offset + n + 1)[values.offset :]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    starts = offsets[:-1].copy()
-    ends = offsets[1:].copy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(data_buf, dtype=np.uint8)[lo:hi] if data_buf is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1] - lo
+    ends = offsets[1:] - lo
     if values.null_count:
         nulls = _null_mask(values)
         ends[nulls] = starts[nulls]
     return data, starts, ends
 
 
-def _collapse(mapped: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Squeeze separator runs in ``mapped`` (separators already mapped to space) to one
-    space, drop leading and trailing ones; return the new buffer and ranges."""
+def _collapse(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Map bytes through the ASCII table, squeeze separator runs to one space and drop
+    leading and trailing ones; return the new buffer (with 8 zero bytes of padding after
+    the last record, for 8-byte loads) and the new ranges."""
     n = len(starts)
     if n == 0:
-        return np.zeros(0, np.uint8), starts, ends
-    lo, hi = int(starts.min()), int(ends.max())
-    mapped = mapped[lo:hi]
-    starts, ends = starts - lo, ends - lo
+        return np.zeros(8, np.uint8), starts, ends
+    mapped = np.take(_ASCII_TABLE, data)
     is_word = mapped != _SPACE
     # A byte is kept if it is a word byte, or the first separator after a word byte of
-    # the same record. Bytes between records (outside every range) are dropped.
+    # the same record. Bytes outside every record's range (under nulls) are dropped.
     keep = is_word.copy()
     keep[1:] |= is_word[:-1]
     contiguous = bool(starts[0] == 0 and ends[-1] == len(mapped) and np.array_equal(starts[1:], ends[:-1]))
@@ -192,11 +205,12 @@ def _collapse(mapped: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple
         keep &= np.cumsum(inside[:-1]) > 0
     first = starts[ends > starts]
     keep[first] = is_word[first]
-    out = mapped[keep]
-    kept_before = np.zeros(len(mapped) + 1, dtype=np.int64)
-    np.cumsum(keep, out=kept_before[1:])
-    new_starts = kept_before[starts]
-    new_ends = kept_before[ends]
-    trailing = (new_ends > new_starts) & (out[np.maximum(new_ends - 1, 0)] == _SPACE) if len(out) else new_ends < 0
-    new_ends = new_ends - trailing
-    return out, new_starts, new_ends
+    dropped = np.flatnonzero(~keep)
+    size = len(mapped) - len(dropped)
+    out = np.empty(size + 8, dtype=np.uint8)
+    out[:size] = mapped[keep]
+    out[size:] = 0
+    new_starts = starts - np.searchsorted(dropped, starts)
+    new_ends = ends - np.searchsorted(dropped, ends)
+    trailing = (new_ends > new_starts) & (out[np.maximum(new_ends - 1, 0)] == _SPACE)
+    return out, new_starts, new_ends - trailing

@@ -13,7 +13,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["Status", "REASONS", "reason_names", "EXACT_ELIGIBLE", "NEAR_ELIGIBLE"]
+__all__ = ["EXACT_ELIGIBLE", "NEAR_ELIGIBLE", "REASONS", "Status", "reason_names"]
 
 
 class Status(IntEnum):

@@ -1,8 +1,8 @@
 """Arrow columns to torch values, column-wise, without a Python object per sample.
 
-One window's column (the same column of its few shards) becomes one :class:`Column`,
-chosen by Arrow type once per window; a batch is then a ``take`` of rows and an
-``emit`` that builds the output for all rows at once:
+Each column of a decoded shard is converted once (``prepare``), by a *kind* chosen
+from its Arrow type; a batch is then ``take`` (rows of one shard) or ``gather`` (rows
+of several shards), and ``emit`` builds the output for all rows at once:
 
 ==============================  ======================================================
 Arrow type                      batch value (``emit``)
@@ -15,9 +15,16 @@ string, binary                  list of ``str`` / ``bytes`` (None for null)
 anything else                   list of Python objects (``to_pylist``)
 ==============================  ======================================================
 
+Variable-length lists come padded (with lengths) rather than as offsets + values
+because that is what a model consumes; the lengths give the mask.
+
 Per-sample mode (``emit_samples``) gives one value per row: Python scalars for 1-D
 numbers, tensor rows for fixed-size lists, 1-D tensors (unpadded) for variable-length
 lists, ``str``/``bytes``/objects for the rest.
+
+Tensors always own their memory: a slice of a shard is copied once, never handed out
+as a view (a view would pin the whole shard, make a DataLoader worker share the whole
+shard's storage, and could point into read-only, memory-mapped cache pages).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["Column", "NumericColumn", "RaggedColumn", "ListColumn", "make_column", "lengths_key"]
+__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "kind_of", "lengths_key", "Rows"]
 
 Rows = slice | np.ndarray
 
@@ -41,73 +48,105 @@ def lengths_key(name: str) -> str:
     return f"{name}_lengths"
 
 
-class Column:
-    """One column of a loaded window: ``take`` rows, ``concat`` pieces, ``emit`` values."""
+class Kind:
+    """How one column type is prepared, indexed and turned into batch values."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    name = "?"
 
-    def take(self, rows: Rows) -> Any:
-        """The piece of this column at ``rows`` (a view for a slice where possible)."""
+    def prepare(self, chunks: Sequence[pa.Array]) -> Any:
+        """The column's data for one shard, from its Arrow chunks."""
+        raise NotImplementedError
+
+    def take(self, data: Any, rows: Rows) -> Any:
+        """The piece of one shard's data at ``rows``."""
+        raise NotImplementedError
+
+    def gather(self, datas: Sequence[Any], which: np.ndarray, rows: np.ndarray) -> Any:
+        """The piece whose ``i``-th row is ``rows[i]`` of ``datas[which[i]]``."""
         raise NotImplementedError
 
     def concat(self, pieces: Sequence[Any]) -> Any:
-        """Join pieces taken from consecutive windows."""
+        """Join pieces (taken from consecutive windows)."""
         raise NotImplementedError
 
-    def emit(self, piece: Any, out: dict[str, Any]) -> None:
-        """Add this column's batch value(s) for ``piece`` to ``out``."""
+    def emit(self, name: str, piece: Any, out: dict[str, Any]) -> None:
+        """Add the batch value(s) of column ``name`` for ``piece`` to ``out``."""
         raise NotImplementedError
 
     def emit_samples(self, piece: Any) -> list[Any]:
         """One value per row of ``piece``."""
         raise NotImplementedError
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by this column."""
-        raise NotImplementedError
+    def nbytes(self, data: Any) -> int:
+        """Bytes held by one shard's data."""
+        return int(data.nbytes)
 
 
-class NumericColumn(Column):
-    """Numbers as one numpy array (rows first): primitives and fixed-size lists of them."""
+class NumericKind(Kind):
+    """Numbers (primitives, fixed-size lists of them) as a numpy array, rows first."""
 
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        super().__init__(name)
-        self.array = array
+    name = "numeric"
 
-    def take(self, rows: Rows) -> np.ndarray:
-        return self.array[rows]
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def prepare(self, chunks: Sequence[pa.Array]) -> np.ndarray:
+        arrays = [_fixed_numpy(c, self.shape) for c in chunks]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    def take(self, data: np.ndarray, rows: Rows) -> np.ndarray:
+        return data[rows]
+
+    def gather(self, datas: Sequence[np.ndarray], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        first = datas[0]
+        out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
+        for u, data in enumerate(datas):
+            mask = which == u
+            out[mask] = data[rows[mask]]
+        return out
 
     def concat(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
         return np.concatenate(pieces)
 
-    def emit(self, piece: np.ndarray, out: dict[str, Any]) -> None:
-        out[self.name] = _tensor(piece)
+    def emit(self, name: str, piece: np.ndarray, out: dict[str, Any]) -> None:
+        out[name] = _tensor(piece)
 
     def emit_samples(self, piece: np.ndarray) -> list[Any]:
         if piece.ndim == 1:
             return piece.tolist()
         return list(_tensor(piece).unbind(0))
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
 
+class _ArrowKind(Kind):
+    """Kinds kept as one Arrow array per shard, indexed with Arrow's take."""
 
-class RaggedColumn(Column):
-    """A variable-length list of numbers: padded 2-D tensor plus lengths."""
+    def prepare(self, chunks: Sequence[pa.Array]) -> pa.Array:
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(list(chunks))
 
-    def __init__(self, name: str, array: pa.Array, dtype: np.dtype) -> None:
-        super().__init__(name)
-        self.array = array
-        self.dtype = dtype
+    def take(self, data: pa.Array, rows: Rows) -> pa.Array:
+        if isinstance(rows, slice):
+            return data.slice(rows.start, rows.stop - rows.start)
+        return data.take(pa.array(rows))
 
-    def take(self, rows: Rows) -> pa.Array:
-        return _arrow_take(self.array, rows)
+    def gather(self, datas: Sequence[pa.Array], which: np.ndarray, rows: np.ndarray) -> pa.Array:
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(len(datas) + 1))
+        pieces = [self.take(d, rows[order[a:b]]) for d, a, b in zip(datas, bounds[:-1], bounds[1:])]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return pa.concat_arrays(pieces).take(pa.array(inverse))
 
     def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
         return pa.concat_arrays(list(pieces))
+
+
+class RaggedKind(_ArrowKind):
+    """A variable-length list of numbers: padded 2-D tensor plus lengths."""
+
+    name = "ragged"
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
 
     def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = piece.offsets.to_numpy()
@@ -115,60 +154,39 @@ class RaggedColumn(Column):
         values = piece.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         return _numpy(values, self.dtype), lengths
 
-    def emit(self, piece: pa.Array, out: dict[str, Any]) -> None:
+    def emit(self, name: str, piece: pa.Array, out: dict[str, Any]) -> None:
         flat, lengths = self._flat(piece)
         width = int(lengths.max()) if len(lengths) else 0
         padded = np.zeros((len(lengths), width), dtype=flat.dtype)
         padded[np.arange(width) < lengths[:, None]] = flat
-        out[self.name] = torch.from_numpy(padded)
-        out[lengths_key(self.name)] = torch.from_numpy(lengths)
+        out[name] = torch.from_numpy(padded)
+        out[lengths_key(name)] = torch.from_numpy(lengths)
 
     def emit_samples(self, piece: pa.Array) -> list[Any]:
         flat, lengths = self._flat(piece)
         return list(_tensor(flat).split(lengths.tolist()))
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
 
-
-class ListColumn(Column):
+class ListKind(_ArrowKind):
     """Strings, binaries and any other type: Python values, built per batch."""
 
-    def __init__(self, name: str, array: pa.Array) -> None:
-        super().__init__(name)
-        self.array = array
+    name = "list"
 
-    def take(self, rows: Rows) -> pa.Array:
-        return _arrow_take(self.array, rows)
-
-    def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
-        return pa.concat_arrays(list(pieces))
-
-    def emit(self, piece: pa.Array, out: dict[str, Any]) -> None:
-        out[self.name] = piece.to_pylist()
+    def emit(self, name: str, piece: pa.Array, out: dict[str, Any]) -> None:
+        out[name] = piece.to_pylist()
 
     def emit_samples(self, piece: pa.Array) -> list[Any]:
         return piece.to_pylist()
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
 
-
-def make_column(name: str, chunks: Sequence[pa.Array]) -> Column:
-    """The column for ``chunks`` (the column's chunks in every shard of a window, in order)."""
-    chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks]
-    typ = chunks[0].type if chunks else pa.null()
-    numeric = _numeric_shape(typ)
-    if numeric is not None:
-        arrays = [_fixed_numpy(c, numeric) for c in chunks]
-        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return NumericColumn(name, array)
-    joined = chunks[0] if len(chunks) == 1 else pa.concat_arrays(list(chunks))
+def kind_of(typ: pa.DataType) -> Kind:
+    """The kind for Arrow type ``typ`` (dictionary types are decoded first, see ``decode``)."""
+    shape = _numeric_shape(typ)
+    if shape is not None:
+        return NumericKind(shape)
     if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and _numeric_shape(typ.value_type) == ():
-        return RaggedColumn(name, joined, _np_dtype(typ.value_type))
-    return ListColumn(name, joined)
+        return RaggedKind(_np_dtype(typ.value_type))
+    return ListKind()
 
 
 def _numeric_shape(typ: pa.DataType) -> tuple[int, ...] | None:
@@ -207,28 +225,16 @@ def _fixed_numpy(array: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
     """Rows of a (nested) fixed-size list or primitive array as a numpy array ``(n, *shape)``."""
     n = len(array)
     typ = array.type
-    width = 1
     while pa.types.is_fixed_size_list(typ):
         size = typ.list_size
         array = array.values.slice(array.offset * size, len(array) * size)
         typ = typ.value_type
-        width *= size
     flat = _numpy(array, _np_dtype(typ))
     return flat.reshape((n, *shape)) if shape else flat
 
 
-def _arrow_take(array: pa.Array, rows: Rows) -> pa.Array:
-    if isinstance(rows, slice):
-        return array.slice(rows.start, rows.stop - rows.start)
-    return array.take(pa.array(rows))
-
-
 def _tensor(piece: np.ndarray) -> torch.Tensor:
-    """A tensor that owns its memory: a view (of a window, of an Arrow buffer) is copied once.
-
-    Handing out views would pin the whole window in memory and make a DataLoader worker
-    share the whole window's storage with every batch.
-    """
+    """A tensor that owns its memory: a view (of a shard, of an Arrow buffer) is copied once."""
     if piece.base is None and piece.flags.writeable and piece.flags.c_contiguous:
         return torch.from_numpy(piece)
     out = torch.empty(piece.shape, dtype=_torch_dtype(piece.dtype))

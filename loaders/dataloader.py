@@ -28,6 +28,22 @@ from loaders.world import World
 __all__ = ["StreamingDataLoader"]
 
 
+def _shut_down(batches: Iterator[Any]) -> None:
+    """Stop the workers now: an error's traceback would otherwise keep them (and torch's
+    SIGCHLD handler) alive until the traceback is dropped."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # noqa: S110 - best effort while an error is already propagating
+            pass
+
+
+def pass_through(batch: Any) -> Any:
+    """The collate function of batch mode: the dataset's batches are delivered as they are."""
+    return batch
+
+
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`StreamingDataset` with exact ``state_dict()`` resume.
 
@@ -35,7 +51,8 @@ class StreamingDataLoader(DataLoader):
     per-sample mode ``batch_size`` (default 1) and ``drop_last`` batch the samples. Other
     keyword arguments go to ``DataLoader`` (``num_workers``, ``pin_memory``,
     ``prefetch_factor``, ``persistent_workers``, ``timeout``, ``collate_fn``, ...).
-    A new iteration continues where the last one stopped (and after a finished epoch
+    In batch mode the batches pass through unchanged (no ``default_convert``) unless a
+    ``collate_fn`` is given. A new iteration continues where the last one stopped (and after a finished epoch
     starts the next one, unless ``dataset.set_epoch`` chose another).
     """
 
@@ -55,6 +72,8 @@ class StreamingDataLoader(DataLoader):
                     hint="leave batch_size and drop_last of the loader unset; set them on the dataset",
                 )
             block, tail_drop, loader_batch = dataset.batch_size, dataset.drop_last, None
+            # Batches are final already: skip default_convert, which walks every string of a batch.
+            kwargs.setdefault("collate_fn", pass_through)
         else:
             loader_batch = 1 if batch_size is None else int(batch_size)
             block, tail_drop = loader_batch, bool(drop_last)
@@ -90,10 +109,18 @@ class StreamingDataLoader(DataLoader):
 
     @staticmethod
     def _deliver(batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
-        for batch in batches:
-            progress.chunks += 1
-            progress.samples = progress.part.samples_through(progress.chunks - 1)
-            yield batch
+        try:
+            for batch in batches:
+                progress.chunks += 1
+                progress.samples = progress.part.samples_through(progress.chunks - 1)
+                yield batch
+        except (ConnectionError, EOFError) as e:
+            # A worker died while handing over a batch (its end of the socket is gone).
+            _shut_down(batches)
+            raise RuntimeError(f"a DataLoader worker exited unexpectedly while sending a batch ({e})") from e
+        except BaseException:
+            _shut_down(batches)
+            raise
         progress.complete = True
 
     def state_dict(self) -> dict[str, Any]:

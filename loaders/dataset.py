@@ -3,7 +3,7 @@
 An iteration is a pipeline of small stages, each a module of its own::
 
     plan (loaders.plan)  ->  partition over ranks and workers (loaders.partition)
-      ->  windows decoded ahead on threads (loaders.prefetch, loaders.window)
+      ->  shards decoded ahead on threads (loaders.prefetch, loaders.decoded)
       ->  batches built column-wise (loaders.columns)  ->  optional transform
 
 Where an iteration starts (epoch, consumed prefix, a worker's own progress) is resolved
@@ -20,6 +20,7 @@ torchdata's ``StatefulDataLoader``, which asks each worker) keeps the count.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,15 +30,15 @@ from torch.utils.data import IterableDataset
 from cachetier.errors import BadInputError, UsageError
 from loaders.partition import Partition
 from loaders.plan import EpochPlan, make_plan
-from loaders.prefetch import WindowPrefetcher, touched_windows
+from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
 from loaders.source import ShardSource, open_source
 from loaders.state import LoaderState, WorkerProgress
-from loaders.window import batch_from_pieces, samples_from_pieces, select_columns
+from loaders.decoded import DecodedShard, batch_from_pieces, pieces, samples_from_pieces, select_columns
 from loaders.world import World
 
 __all__ = ["StreamingDataset"]
 
-_READ_THREADS = 4
+_READ_THREADS = 4  # shard reads in flight per reader: hides object-store latency
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +84,16 @@ class StreamingDataset(IterableDataset):
     ``cachetier.CacheConfig``, or None for the workspace/environment defaults).
 
     - ``columns``: the columns to read (default: all but hidden ``__`` columns).
-    - ``shuffle`` / ``seed``: shuffle shards, then records within windows of
-      ``shuffle_window`` shards; the order is a pure function of (version, seed, epoch).
+    - ``shuffle`` / ``seed``: shuffle shards, then records within a window sliding over
+      ``shuffle_window`` shards (:mod:`loaders.plan`); the order is a pure function of
+      (version, seed, epoch).
     - ``batch_size``: yield dicts of tensors built column-wise (see :mod:`loaders.columns`);
       ``drop_last`` drops each rank's short last batch. Without it, yield one dict per
       sample (let the DataLoader batch them).
     - ``transform``: applied to every yielded item (a sample, or a batch in batch mode);
       it must return one item per input.
-    - ``prefetch``: windows decoded ahead of the one in use (memory: 1 + prefetch windows
-      per reader).
+    - ``prefetch``: shards decoded ahead of those in use (memory per reader: about
+      ``shuffle_window + prefetch`` decoded shards; ``1 + prefetch`` without shuffle).
 
     Promises: per epoch every record is yielded at most once over all ranks, every rank
     yields the same count, and with one rank every record exactly once.
@@ -110,7 +112,7 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[Any], Any] | None = None,
         cache: Any = None,
         shuffle_window: int = 4,
-        prefetch: int = 1,
+        prefetch: int = 2,
     ) -> None:
         super().__init__()
         if columns is not None:
@@ -271,8 +273,10 @@ class StreamingDataset(IterableDataset):
             self._progress = progress
         return self._generate(plan, part, chunks, progress)
 
-    def _read_shard(self, shard_id: str) -> Any:
-        return select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
+    def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
+        shard_id = plan.shard_ids[index]
+        table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
+        return DecodedShard(index, shard_id, table)
 
     def _generate(self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress) -> Iterator[Any]:
         if len(chunks) == 0:
@@ -280,23 +284,24 @@ class StreamingDataset(IterableDataset):
             return
         transform = self.transform
         batched = self.batch_size is not None
-        order = touched_windows(plan, part, chunks)
-        with WindowPrefetcher(self._read_shard, plan, order, depth=self.prefetch, threads=_READ_THREADS,
-                              announce=self.source.announce) as windows:
+        order = needed_shards(plan, touched_windows(plan, part, chunks))
+        announce = self.source.announce
+        with ShardPrefetcher(functools.partial(self._decode, plan), order, depth=self.prefetch,
+                             threads=_READ_THREADS,
+                             announce=lambda idx: announce([plan.shard_ids[i] for i in idx])) as shards:
             for c in chunks:
                 pos, n = part.chunk(c)
                 parts = []
                 for w, lo, hi in plan.segments(pos, pos + n):
-                    window = windows.get(w)
-                    parts.append(window.take(plan.window_rows(w, lo, hi)))
-                columns = window.columns
+                    kinds, piece = pieces(shards.acquire(plan.window_shards(w)), plan.window_rows(w, lo, hi))
+                    parts.append(piece)
                 if batched:
-                    item = batch_from_pieces(columns, parts)
+                    item = batch_from_pieces(kinds, parts)
                     progress.chunks += 1
                     progress.samples += n
                     yield item if transform is None else transform(item)
                     continue
-                samples = samples_from_pieces(columns, parts)
+                samples = samples_from_pieces(kinds, parts)
                 last = len(samples) - 1
                 for i, sample in enumerate(samples):
                     progress.samples += 1

@@ -2,34 +2,43 @@
 
 Positions ``0 .. N-1`` of an epoch map to records ``(shard, row)``:
 
-- **shuffle off**: version order; each shard is its own *window*.
-- **shuffle on**: the shards are permuted, cut into consecutive windows of
-  ``window`` shards, and the records of each window are permuted among themselves.
-  A reader therefore holds about one window of decoded shards at a time (bounded
-  memory), every batch mixes records of several shards, and the shards of a window
-  are read together (locality).
+- **shuffle off**: version order; window ``w`` is shard ``w``.
+- **shuffle on**: a *sliding window* over ``k = shuffle_window`` shards. The shards are
+  permuted; the rows of each shard are permuted and cut into ``k`` parts; window ``w``
+  holds part ``j`` of shard ``w - j`` for ``j = 0 .. k-1``, its records permuted among
+  themselves. So every batch mixes records of ``k`` shards, a shard is read once per
+  epoch and used by ``k`` consecutive windows, and a reader holds about ``k`` decoded
+  shards at a time (bounded memory). The first window needs only the first shard, so
+  the first batch comes after one shard is decoded; mixing ramps up over the first
+  ``k - 1`` windows.
 
 The order depends on nothing else: not on ranks, workers, batch size or numpy's random
 stream. Permutations come from sorting a keyed SplitMix64 hash of the indices, a function
 fixed here forever, so two machines (or two numpy versions) agree on every position.
-Any position is reachable directly (resume never replays), and permutations are
-computed per window, lazily.
+Any position is reachable directly (resume never replays); permutations are computed
+per shard and per window, lazily.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from cachetier.errors import BadInputError
 
-__all__ = ["EpochPlan", "make_plan", "keyed_permutation", "plan_key"]
+__all__ = ["EpochPlan", "make_plan", "keyed_permutation", "plan_key", "Rows"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+
+#: Where a window's positions live: ``(shard, row slice)`` when they come from one shard
+#: in order, else ``(shard per position, row per position)``; shards are plan indices.
+Rows = tuple[int, slice] | tuple[int, np.ndarray] | tuple[np.ndarray, np.ndarray]
 
 
 def plan_key(version: str, seed: int, epoch: int, *salt: int) -> int:
@@ -49,15 +58,24 @@ def keyed_permutation(n: int, key: int) -> np.ndarray:
     return np.argsort(x, kind="stable")
 
 
+class _Lru(OrderedDict):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key: int, value: object) -> None:
+        self[key] = value
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 class EpochPlan:
-    """The order of one epoch: shards in plan order, grouped in windows (read-only).
+    """The order of one epoch: shards in plan order and the windows over them (read-only).
 
-    ``segments(start, stop)`` splits a range of positions by window; ``window_rows``
-    turns positions within a window into rows of the window's concatenated shards.
+    ``segments(start, stop)`` splits a range of positions by window;
+    ``window_shards(w)`` names the shards window ``w`` reads; ``window_rows`` turns
+    window positions into ``(shard, row)`` addresses.
     """
-
-    __slots__ = ("_perm_cache", "counts", "epoch", "seed", "shard_ids", "shuffle", "version", "window",
-                 "window_first", "window_starts")
 
     def __init__(self, version: str, seed: int, epoch: int, shuffle: bool, window: int,
                  shard_ids: tuple[str, ...], counts: np.ndarray) -> None:
@@ -68,34 +86,40 @@ class EpochPlan:
         self.window = window
         self.shard_ids = shard_ids
         self.counts = counts
-        n = len(shard_ids)
-        per = window if shuffle else 1
-        #: index (in plan order) of the first shard of each window, plus a sentinel
-        self.window_first = np.append(np.arange(0, n, per, dtype=np.int64), n)
-        bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        m = len(shard_ids)
+        self.k = k = window if shuffle else 1
+        #: part j of shard i covers its permuted rows [parts[i, j], parts[i, j+1])
+        self.parts = (np.arange(k + 1, dtype=np.int64)[None, :] * counts[:, None]) // k if m else np.zeros((0, k + 1),
+                                                                                                      np.int64)
+        num_windows = m + k - 1 if m else 0
+        sizes = np.zeros(num_windows, dtype=np.int64)
+        for j in range(k):
+            sizes[j : j + m] += self.parts[:, j + 1] - self.parts[:, j]
         #: global position where each window starts, plus the total as a sentinel
-        self.window_starts = bounds[self.window_first]
-        self._perm_cache: dict[int, np.ndarray] = {}
+        self.window_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._starts = self.window_starts.tolist()
+        self._shard_perms = _Lru(2 * k + 4)
+        self._window_maps = _Lru(3)
 
     @property
     def records(self) -> int:
         """Records in one epoch."""
-        return int(self.window_starts[-1])
+        return self._starts[-1]
 
     @property
     def num_windows(self) -> int:
         """Number of windows in the epoch."""
-        return len(self.window_first) - 1
+        return len(self._starts) - 1
 
     def window_of(self, position: int) -> int:
         """The window that holds ``position``."""
         if not 0 <= position < self.records:
             raise IndexError(f"position {position} outside an epoch of {self.records} records")
-        return int(np.searchsorted(self.window_starts, position, side="right")) - 1
+        return bisect.bisect_right(self._starts, position) - 1
 
-    def window_shards(self, w: int) -> tuple[str, ...]:
-        """The shard ids of window ``w``, in the order their rows are concatenated."""
-        return self.shard_ids[self.window_first[w] : self.window_first[w + 1]]
+    def window_shards(self, w: int) -> range:
+        """Plan indices of the shards window ``w`` reads."""
+        return range(max(0, w - self.k + 1), min(w, len(self.shard_ids) - 1) + 1)
 
     def segments(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """Split positions ``[start, stop)`` into ``(window, lo, hi)`` with window-relative bounds."""
@@ -103,25 +127,47 @@ class EpochPlan:
             return
         w = self.window_of(start)
         while start < stop:
-            base = int(self.window_starts[w])
-            end = min(stop, int(self.window_starts[w + 1]))
+            base = self._starts[w]
+            end = min(stop, self._starts[w + 1])
             if end > start:
                 yield w, start - base, end - base
             start = end
             w += 1
 
-    def window_rows(self, w: int, lo: int, hi: int) -> slice | np.ndarray:
-        """Rows (of window ``w``'s concatenated shards) at window positions ``[lo, hi)``."""
+    def window_rows(self, w: int, lo: int, hi: int) -> Rows:
+        """The ``(shard, row)`` addresses of window ``w``'s positions ``[lo, hi)``."""
         if not self.shuffle:
-            return slice(lo, hi)
-        perm = self._perm_cache.get(w)
+            return w, slice(lo, hi)
+        which, rows = self._window_map(w)
+        if self.k == 1:
+            return w, rows[lo:hi]
+        return which[lo:hi], rows[lo:hi]
+
+    def _shard_perm(self, i: int) -> np.ndarray:
+        perm = self._shard_perms.get(i)
         if perm is None:
-            size = int(self.window_starts[w + 1] - self.window_starts[w])
-            perm = keyed_permutation(size, plan_key(self.version, self.seed, self.epoch, 1, w))
-            if len(self._perm_cache) >= 4:
-                self._perm_cache.pop(next(iter(self._perm_cache)))
-            self._perm_cache[w] = perm
-        return perm[lo:hi]
+            perm = keyed_permutation(int(self.counts[i]), plan_key(self.version, self.seed, self.epoch, 2, i))
+            self._shard_perms.put(i, perm)
+        return perm
+
+    def _window_map(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """For every position of window ``w``: its shard (plan index) and row."""
+        cached = self._window_maps.get(w)
+        if cached is not None:
+            return cached
+        which_parts, row_parts = [], []
+        for j in range(self.k):
+            i = w - j
+            if 0 <= i < len(self.shard_ids):
+                a, b = self.parts[i, j], self.parts[i, j + 1]
+                row_parts.append(self._shard_perm(i)[a:b])
+                which_parts.append(np.full(b - a, i, dtype=np.int64))
+        which = np.concatenate(which_parts)
+        rows = np.concatenate(row_parts)
+        order = keyed_permutation(len(rows), plan_key(self.version, self.seed, self.epoch, 1, w))
+        result = (which[order], rows[order])
+        self._window_maps.put(w, result)
+        return result
 
 
 def make_plan(version: str, shards: Sequence[tuple[str, int]], *, seed: int, epoch: int,

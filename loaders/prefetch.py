@@ -1,15 +1,16 @@
-"""Background reading: the windows a reader will visit, decoded ahead on daemon threads.
+"""Background reading: the shards a reader will need, decoded ahead on daemon threads.
 
 A reader (one DataLoader worker, or the training process itself) knows its exact future:
-the windows its chunks touch, in order (:func:`touched_windows`). The
-:class:`WindowPrefetcher` announces the shards of that order to the source (the tiered
-cache fetches and protects them), reads the shards of the next ``depth`` windows on a
-few threads (Arrow's decompression releases the GIL) and assembles each window on one
-more thread, so the consumer finds the next window decoded when it gets there.
+the windows its chunks touch, in order (:func:`touched_windows`), hence the shards it
+will need, in order (:func:`needed_shards`). The :class:`ShardPrefetcher` announces that
+order to the source (the tiered cache fetches and protects those shards), reads and
+decodes the next ``depth`` shards on a few threads (Arrow's decompression releases the
+GIL), and releases a shard as soon as the reader's windows have moved past it.
 
-Memory stays bounded: the window in use plus ``depth`` windows ahead, nothing more.
-Threads are daemons, made per iteration and stopped when it ends; none exists while a
-dataset is idle, so forking DataLoader workers never copies a running thread.
+Memory stays bounded: the shards of the window in use (``shuffle_window`` of them) plus
+``depth`` shards ahead. Threads are daemons, made per iteration and stopped when it
+ends; none exists while a dataset is idle, so forking DataLoader workers never copies a
+running thread.
 """
 
 from __future__ import annotations
@@ -17,20 +18,18 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import pyarrow as pa
-
+from loaders.decoded import DecodedShard
 from loaders.partition import Partition
 from loaders.plan import EpochPlan
-from loaders.window import LoadedWindow
 
-__all__ = ["WindowPrefetcher", "touched_windows"]
+__all__ = ["ShardPrefetcher", "needed_shards", "touched_windows"]
 
-_ANNOUNCE_WINDOWS = 256
+_ANNOUNCE_SHARDS = 1024
 
 
 class _DaemonPool:
@@ -102,57 +101,60 @@ def touched_windows(plan: EpochPlan, part: Partition, chunks: range) -> Iterator
         i = lo
 
 
-class WindowPrefetcher:
-    """Windows of ``order`` loaded ``depth`` ahead of the one in use (see module docstring)."""
+def needed_shards(plan: EpochPlan, windows: Iterator[int]) -> Iterator[int]:
+    """The plan indices of the shards that ``windows`` read, in order of first need, each once."""
+    last = -1
+    for w in windows:
+        for i in plan.window_shards(w):
+            if i > last:
+                last = i
+                yield i
 
-    def __init__(self, read_shard: Callable[[str], pa.Table], plan: EpochPlan, order: Iterator[int], *,
-                 depth: int, threads: int, announce: Callable[[Sequence[str]], None] | None = None) -> None:
-        self._read_shard = read_shard
-        self._plan = plan
+
+class ShardPrefetcher:
+    """Decoded shards of ``order``, read ``depth`` ahead of the ones in use (see module docstring)."""
+
+    def __init__(self, load: Callable[[int], DecodedShard], order: Iterator[int], *, depth: int, threads: int,
+                 announce: Callable[[Sequence[int]], None] | None = None) -> None:
+        self._load = load
         self._order = order
         self._depth = max(0, depth)
-        self._readers = _DaemonPool(max(1, threads), "tierdata-read")
-        self._assembler = _DaemonPool(1, "tierdata-window")
-        self._queue: deque[tuple[int, Future[LoadedWindow]]] = deque()
+        self._pool = _DaemonPool(max(1, threads), "tierdata-read")
+        self._futures: OrderedDict[int, Future[DecodedShard]] = OrderedDict()
+        self._last = -1
+        self._held: tuple[range, dict[int, DecodedShard]] | None = None
         if announce is not None:
-            ahead = list(itertools.islice(self._order, _ANNOUNCE_WINDOWS))
-            announce([sid for w in ahead for sid in plan.window_shards(w)])
+            ahead = list(itertools.islice(self._order, _ANNOUNCE_SHARDS))
+            announce(ahead)
             self._order = itertools.chain(ahead, self._order)
-        self._fill()
 
-    def _fill(self) -> None:
-        while len(self._queue) < self._depth + 1:
-            w = next(self._order, None)
-            if w is None:
+    def _schedule_through(self, index: int) -> None:
+        while self._last < index:
+            i = next(self._order, None)
+            if i is None:
                 return
-            self._queue.append((w, self._schedule(w)))
+            self._futures[i] = self._pool.submit(lambda i=i: self._load(i))
+            self._last = i
 
-    def _schedule(self, w: int) -> Future[LoadedWindow]:
-        reads = [self._readers.submit(lambda sid=sid: self._read_shard(sid)) for sid in self._plan.window_shards(w)]
-
-        def assemble() -> LoadedWindow:
-            return LoadedWindow(w, [f.result() for f in reads])
-
-        return self._assembler.submit(assemble)
-
-    def get(self, w: int) -> LoadedWindow:
-        """Window ``w`` (blocking until it is decoded); windows before it are released."""
-        while self._queue and self._queue[0][0] < w:
-            self._queue.popleft()
-            self._fill()
-        if not self._queue or self._queue[0][0] != w:
-            raise RuntimeError(f"window {w} requested out of the announced order")
-        future = self._queue[0][1]
-        self._fill()
-        return future.result()
+    def acquire(self, needed: range) -> dict[int, DecodedShard]:
+        """The decoded shards ``needed`` (blocking until read); shards before them are released."""
+        if self._held is not None and self._held[0] == needed:
+            return self._held[1]
+        self._held = None
+        while self._futures and next(iter(self._futures)) < needed.start:
+            self._futures.popitem(last=False)
+        self._schedule_through(needed.stop - 1 + self._depth)
+        shards = {i: self._futures[i].result() for i in needed if i in self._futures}
+        self._held = (needed, shards)
+        return shards
 
     def close(self) -> None:
         """Stop the threads; reads in progress finish and are dropped."""
-        self._queue.clear()
-        self._readers.close()
-        self._assembler.close()
+        self._held = None
+        self._futures.clear()
+        self._pool.close()
 
-    def __enter__(self) -> WindowPrefetcher:
+    def __enter__(self) -> ShardPrefetcher:
         return self
 
     def __exit__(self, *exc: object) -> None:

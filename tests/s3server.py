@@ -13,9 +13,10 @@
 The servers we start bind 127.0.0.1 only, keep their data in a fresh temp folder, enforce
 one random access/secret key pair (so wrong credentials really fail), are ready when a
 signed PUT succeeds, and are stopped by pid: SIGTERM, then SIGKILL after a timeout. On
-Linux they also get SIGTERM if the process that started them dies, so a crashed test run
-leaves no server behind. Each pytest-xdist worker starts its own server (robust: nothing
-is shared between workers but the port range, and a port collision is retried).
+Linux they are also killed when the process that started them dies, so a crashed test run
+leaves no server behind, and the next start sweeps the folders such runs left. Each
+pytest-xdist worker starts its own server (robust: nothing is shared between workers but
+the port range, and a lost port race is retried on new ports).
 
 ``weed server`` 4.x pitfalls handled here: every service also listens on port + 10000
 (gRPC), so ports are picked below 55535 with both free; the Iceberg (8181) and Lance
@@ -50,6 +51,7 @@ __all__ = ["S3Endpoint", "S3Server", "find_weed", "start_s3_server"]
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 2.0  # weed's filer waits 15 s for its gRPC streams; the data is throwaway
 TEST_BUCKET = "tierdata-tests"
+WORKDIR_PREFIX = "tierdata-s3server-"
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class S3Endpoint:
                 store.ensure_bucket()
         return url
 
-    def minio_client(self) -> Any:
+    def minio_client(self, read_timeout: float = 30.0) -> Any:
         """A raw ``minio.Minio`` client, for tests that must bypass our store."""
         import minio
         import urllib3
@@ -110,7 +112,9 @@ class S3Endpoint:
             secret_key=self.secret_key,
             secure=secure,
             region=self.region,
-            http_client=urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5, read=30)),
+            http_client=urllib3.PoolManager(
+                retries=False, timeout=urllib3.Timeout(connect=5.0, read=read_timeout)
+            ),
         )
 
 
@@ -121,6 +125,7 @@ class S3Server:
     endpoint: S3Endpoint
     process: subprocess.Popen[bytes] | None = None
     workdir: Path | None = None
+    leftovers: list[Path] = field(default_factory=list)  # files the server makes outside workdir
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop our server by pid (SIGTERM, then SIGKILL) and remove its data; idempotent."""
@@ -135,6 +140,8 @@ class S3Server:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+        for path in self.leftovers:
+            path.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the server's log (for error messages)."""
@@ -195,11 +202,15 @@ def _start_with_retries(launch: Any, tries: int = 3) -> S3Server:
         except RuntimeError as e:
             last = str(e)
             server.stop()
+        except BaseException:  # interrupted while waiting: leave nothing running
+            server.stop()
+            raise
     raise RuntimeError(f"could not start an S3 server after {tries} tries: {last}")
 
 
 def _launch_weed(weed: str) -> S3Server:
-    work = Path(tempfile.mkdtemp(prefix="tierdata-weed-"))
+    _sweep_orphans()
+    work = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}weed-"))
     (work / "data").mkdir()
     master, volume, filer, s3 = _free_ports(4)
     endpoint = _new_endpoint(kind="seaweedfs", port=s3)
@@ -233,13 +244,20 @@ def _launch_weed(weed: str) -> S3Server:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
     ]
-    # One volume per bucket at a time (the default grows 7), so many test buckets fit.
-    env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
-    return S3Server(endpoint, _spawn(args, work, env), work)
+    # One volume per bucket at a time (the default grows 7), so many test buckets fit;
+    # TMPDIR keeps the gRPC unix sockets weed makes in the temp folder, not in /tmp.
+    env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1", "TMPDIR": str(work)}
+    # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says; they are ours to remove.
+    sockets = [
+        Path(f"/tmp/seaweedfs-{name}-grpc-{port + 10000}.sock")
+        for name, port in (("master", master), ("volume", volume), ("filer", filer), ("s3", s3))
+    ]
+    return _record_owner(S3Server(endpoint, _spawn(args, work, env), work, sockets))
 
 
 def _launch_minio(minio_bin: str) -> S3Server:
-    work = Path(tempfile.mkdtemp(prefix="tierdata-minio-"))
+    _sweep_orphans()
+    work = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}minio-"))
     port, console = _free_ports(2)
     endpoint = _new_endpoint(kind="minio", port=port)
     env = {
@@ -259,7 +277,7 @@ def _launch_minio(minio_bin: str) -> S3Server:
         f"127.0.0.1:{console}",
         "--quiet",
     ]
-    return S3Server(endpoint, _spawn(args, work, env), work)
+    return _record_owner(S3Server(endpoint, _spawn(args, work, env), work))
 
 
 def _new_endpoint(*, kind: str, port: int) -> S3Endpoint:
@@ -289,11 +307,45 @@ def _spawn(args: list[str], work: Path, env: dict[str, str]) -> subprocess.Popen
 
 
 def _die_with_parent() -> None:
-    """In the child: ask Linux to send SIGTERM when the parent goes away."""
+    """In the child: ask Linux to SIGKILL it when the parent dies (weed's SIGTERM takes 15 s)."""
     import ctypes
 
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _record_owner(server: S3Server) -> S3Server:
+    """Note the server's pid and leftovers in its folder, for :func:`_sweep_orphans`."""
+    assert server.workdir is not None and server.process is not None
+    state = {"pid": server.process.pid, "leftovers": [str(p) for p in server.leftovers]}
+    (server.workdir / "owner.json").write_text(json.dumps(state))
+    return server
+
+
+def _sweep_orphans() -> None:
+    """Remove the folders (and sockets) of servers whose test run died without stopping them."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            state = json.loads((folder / "owner.json").read_text())
+        except (OSError, ValueError):
+            if time.time() - folder.stat().st_mtime > 600:  # a launch that never got going
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
+        if _alive(int(state["pid"])):
+            continue
+        for leftover in state.get("leftovers", []):
+            Path(leftover).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _free_ports(count: int, low: int = 20000, high: int = 45000) -> list[int]:
@@ -330,8 +382,10 @@ def _wait_ready(server: S3Server, timeout: float) -> None:
             raise RuntimeError(
                 f"{server.endpoint.kind} server exited with {server.process.returncode}:\n{server.log_tail()}"
             )
+        if server.process is not None and "address already in use" in server.log_tail(200):
+            raise RuntimeError(f"lost a port race:\n{server.log_tail()}")  # retried on new ports
         try:
-            client = server.endpoint.minio_client()
+            client = server.endpoint.minio_client(read_timeout=5.0)
             if not client.bucket_exists(TEST_BUCKET):
                 try:
                     client.make_bucket(TEST_BUCKET)

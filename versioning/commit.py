@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_ATTEMPTS", "CommitMode", "commit"]
 
 CommitMode = Literal["append", "replace"]
 #: How many times an append is rebased onto a moving branch before giving up.
-DEFAULT_ATTEMPTS = 32
+DEFAULT_ATTEMPTS = 64
 # How far back a rebase looks for the expected parent in the new head's history.
 _MAX_ANCESTRY_WALK = 10_000
 
@@ -94,8 +94,9 @@ def commit(
         except ConflictError:
             if mode == "replace":
                 raise _replace_conflict(branch, head, refs.get_branch(branch)) from None
+        if attempt >= 2:  # spread out writers that keep colliding (the first retry goes at once)
+            time.sleep(jitter.uniform(0, min(0.001 * attempt, 0.05)))
         head = refs.get_branch(branch)
-        time.sleep(jitter.uniform(0, 0.002 * (attempt + 1)))  # spread out writers that keep colliding
     raise ConflictError(
         f"conflict: branch {branch!r} kept moving; gave up after {max_attempts} attempts to append",
         subject=f"branch {branch!r}",

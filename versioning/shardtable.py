@@ -53,10 +53,12 @@ _SCHEMA = pa.schema(
     metadata={b"tierdata.shard_table.format": TABLE_FORMAT},
 )
 # Fixed writer options: part of the determinism promise. Changing them changes data hashes.
+# Ids are random bytes that do not compress: storing them plain halves the decode time.
+_ZSTD_COLUMNS = ("records", "bytes", "uncompressed_bytes", "first_record", "chunks")
 _WRITE_OPTIONS: dict[str, Any] = {
     "row_group_size": 1 << 17,
-    "compression": "zstd",
-    "compression_level": 3,
+    "compression": {"hash": "none", **dict.fromkeys(_ZSTD_COLUMNS, "zstd")},
+    "compression_level": dict.fromkeys(_ZSTD_COLUMNS, 3),
     "use_dictionary": False,
     "write_statistics": False,
     "version": "2.6",
@@ -123,23 +125,28 @@ class ShardTable(Sequence[ShardEntry]):
         bytes: Any,
         uncompressed_bytes: Any,
         chunks: pa.ListArray | None = None,
+        *,
+        copy: bool = True,
     ):
         """Wrap columns: ``hashes`` is ``n * 32`` raw bytes; counts are int sequences of length n.
 
         ``first_record`` is always computed here (cumulative records), so it cannot be wrong.
         ``chunks`` is a ``list<fixed_size_binary(32)>`` array (None: no chunks anywhere).
-        Prefer :meth:`from_entries`, :meth:`from_arrays` or :meth:`decode`.
+        Prefer :meth:`from_entries`, :meth:`from_arrays` or :meth:`decode`. With ``copy=False``
+        the columns are wrapped as they are (the caller promises never to change them).
         """
         raw = hashes.view(np.uint8) if isinstance(hashes, np.ndarray) else np.frombuffer(hashes, np.uint8)
+        if copy and raw.flags.writeable:  # the caller could change it later: keep our own copy
+            raw = raw.copy()
         raw = raw.reshape(-1)
         if raw.size % _ID_BYTES:
             raise BadInputError(f"shard hashes hold {raw.size} bytes, not a multiple of {_ID_BYTES}")
         n = raw.size // _ID_BYTES
         self._hashes = raw.reshape(n, _ID_BYTES)
         self._hashes.flags.writeable = False
-        self._records = _count_column(records, "records", n)
-        self._bytes = _count_column(bytes, "bytes", n)
-        self._uncompressed = _count_column(uncompressed_bytes, "uncompressed_bytes", n)
+        self._records = _count_column(records, "records", n, copy)
+        self._bytes = _count_column(bytes, "bytes", n, copy)
+        self._uncompressed = _count_column(uncompressed_bytes, "uncompressed_bytes", n, copy)
         first = np.zeros(n, dtype=np.int64)
         if n:
             np.cumsum(self._records[:-1], out=first[1:])
@@ -254,6 +261,7 @@ class ShardTable(Sequence[ShardEntry]):
                 _column_numpy(table, "bytes"),
                 _column_numpy(table, "uncompressed_bytes"),
                 table.column("chunks").combine_chunks(),
+                copy=False,
             )
         except BadInputError as e:
             raise IntegrityError(e.message, subject=subject) from e
@@ -389,7 +397,7 @@ def _check_hex_id(value: Any, what: str) -> None:
         raise BadInputError(f"{what} must be a 64-digit lowercase hex id, got {value!r}")
 
 
-def _count_column(values: Any, name: str, n: int) -> np.ndarray:
+def _count_column(values: Any, name: str, n: int, copy: bool = True) -> np.ndarray:
     array = np.asarray(values)
     if array.size == 0:
         array = array.astype(np.int64)
@@ -397,7 +405,9 @@ def _count_column(values: Any, name: str, n: int) -> np.ndarray:
         raise BadInputError(f"'{name}' must hold one count per shard ({n}), got shape {array.shape}")
     if array.dtype.kind not in "iu":
         raise BadInputError(f"'{name}' must be integers, got {array.dtype} values")
-    array = array.astype(np.int64, copy=True)
+    array = array.astype(np.int64, copy=copy)
+    if array.flags.writeable and not copy:
+        array = array.view()
     if n and array.min() < 0:
         bad = int(np.flatnonzero(array < 0)[0])
         raise BadInputError(f"'{name}' of shard {bad} is negative: {int(array[bad])}")

@@ -1,7 +1,8 @@
 """Simulated caches: the peers' eviction algorithms and ours, on unit-size objects.
 
 Every cache has ``access(job, key, position) -> bool`` (a hit or not) and
-``start_epoch(job, plan)`` (a job announces its epoch order; only hinted caches use it).
+``start_epoch(job, plans)`` (a job starts an epoch; ``plans`` are the orders of this
+epoch and the following ones, which only hinted caches look at).
 ``capacity`` counts objects. These are written from the papers' descriptions:
 
 - ``LruCache``: least recently used.
@@ -47,7 +48,7 @@ class SimCache:
     def __init__(self, capacity: int):
         self.capacity = capacity
 
-    def start_epoch(self, job: int, plan: Sequence[int]) -> None:
+    def start_epoch(self, job: int, plans: Sequence[Sequence[int]]) -> None:
         pass
 
     def access(self, job: int, key: int, position: int) -> bool:
@@ -213,7 +214,7 @@ class S3FifoCache(SimCache):
 class WTinyLfuCache(SimCache):
     def __init__(self, capacity: int, window_ratio: float = 0.01, protected_ratio: float = 0.8):
         super().__init__(capacity)
-        self.window_cap = max(1, int(round(capacity * window_ratio)))
+        self.window_cap = max(1, round(capacity * window_ratio))
         main_cap = capacity - self.window_cap
         self.protected_cap = int(main_cap * protected_ratio)
         self.main_cap = main_cap
@@ -293,19 +294,25 @@ class BeladyCache(SimCache):
 
 
 class PolicyCache(SimCache):
-    """A cachetier placement policy over unit-size objects, with or without hints."""
+    """A cachetier placement policy over unit-size objects.
 
-    def __init__(self, capacity: int, policy: PlacementPolicy, *, hints: bool):
+    With ``epochs_ahead`` > 0, each job announces that many epoch orders when it starts
+    an epoch (1: the current epoch; 2: the current and the next, which a loader knows
+    because its order is a pure function of seed and epoch); 0 announces nothing.
+    """
+
+    def __init__(self, capacity: int, policy: PlacementPolicy, *, epochs_ahead: int):
         super().__init__(capacity)
         self.policy = policy
-        self.hints = hints
+        self.hints = epochs_ahead > 0
+        self.epochs_ahead = epochs_ahead
         self.stats = MemoryStats()
         self.index = HintIndex()
         self.items: set[str] = set()
 
-    def start_epoch(self, job: int, plan: Sequence[int]) -> None:
+    def start_epoch(self, job: int, plans: Sequence[Sequence[int]]) -> None:
         if self.hints:
-            self.index.set_plan(str(job), [str(k) for k in plan])
+            self.index.set_plan(str(job), [str(k) for plan in plans[: self.epochs_ahead] for k in plan])
 
     def _candidate(self, key: str, record: object) -> Candidate:
         return Candidate(key, 1, record.frequency, record.last_access, self.index.next_use(key))

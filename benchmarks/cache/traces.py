@@ -71,7 +71,14 @@ def zipf_jobs_trace(
             for j in range(jobs):
                 reads.append((j, plans[j][e][i]))
                 epoch_of_read.append(e)
-    params = {"shards": shards, "jobs": jobs, "per_job": per_job, "epochs": epochs, "alpha": alpha, "seed": seed}
+    params = {
+        "shards": shards,
+        "jobs": jobs,
+        "per_job": per_job,
+        "epochs": epochs,
+        "alpha": alpha,
+        "seed": seed,
+    }
     return Trace("zipf-jobs", params, reads, plans, epoch_of_read)
 
 

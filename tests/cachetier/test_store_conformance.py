@@ -296,7 +296,9 @@ class StoreConformance:
         assert int(store.get("counter")) == workers * each
         assert conflicts > 0, "the threads never raced: the test proved nothing"
 
-    def test_cas_race_between_processes_loses_no_update(self, store: Store, child_env: dict[str, str]) -> None:
+    def test_cas_race_between_processes_loses_no_update(
+        self, store: Store, child_env: dict[str, str]
+    ) -> None:
         workers, each = 4, 15
         env = {**os.environ, **child_env, "PYTHONPATH": str(REPO_ROOT)}
         command = [sys.executable, "-m", "tests.cachetier.cas_worker", store.url, "counter", str(each)]
@@ -328,7 +330,9 @@ class StoreConformance:
         conflicts = sum(int(out) for out, _ in outputs)
         print(f"{workers} processes x {each} increments: {conflicts} swaps lost a race and retried")
 
-    def test_reopen_by_url(self, store: Store, child_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_reopen_by_url(
+        self, store: Store, child_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         for name, value in child_env.items():
             monkeypatch.setenv(name, value)
         store.put("shared", b"seen from another handle")

@@ -9,7 +9,7 @@ from cachetier.errors import BadInputError, ConflictError
 from cachetier.localstore import LocalStore
 from cachetier.objects import ObjectStore
 from tests.versioning.helpers import OTHER_SCHEMA, SCHEMA, put_shard
-from versioning import RefStore, commit, load_shard_table, load_version, log, make_operation
+from versioning import RefStore, ShardTable, commit, load_shard_table, load_version, log, make_operation
 
 
 def do_commit(store, objects, shards, mode="append", expected=None, branch="main", schema=SCHEMA, **kw):
@@ -65,7 +65,7 @@ def test_append_is_rebased_when_the_branch_moved(store, objects):
     v1, _ = do_commit(store, objects, [put_shard(objects, ["1"])])
     v2, _ = do_commit(store, objects, [put_shard(objects, ["2"])], expected=v1)
     # A writer that still believes the head is v1 appends: it lands on top of v2.
-    v3, r3 = do_commit(store, objects, [put_shard(objects, ["3"])], expected=v1)
+    _, r3 = do_commit(store, objects, [put_shard(objects, ["3"])], expected=v1)
     assert r3.parents == (v2,)
     assert r3.records == 3
 
@@ -99,25 +99,37 @@ def test_bad_mode_is_refused(store, objects):
         do_commit(store, objects, [], branch="bad name")
 
 
-def _race_worker(root: str, worker: int, rounds: int, barrier) -> list[str]:
+def _race_worker(
+    root: str, worker: int, rounds: int, barrier, lockstep: bool = False
+) -> tuple[list[str], int]:
+    """Append ``rounds`` shards to main; return the versions that landed and how many were rebased.
+
+    With ``lockstep`` every round starts at the barrier, so the writers read the same head
+    and race for the same swap each round.
+    """
     store = LocalStore(root)
     objects = ObjectStore(store)
     refs = RefStore(store)
-    landed = []
+    landed, rebased = [], 0
+    ShardTable.decode(ShardTable.empty().encode())  # warm up lazy imports so the writers really overlap
     barrier.wait()
     for i in range(rounds):
         shard = put_shard(objects, [f"worker {worker} round {i}"])
+        if lockstep:
+            barrier.wait()
         head = refs.get_branch("main")
-        vid, _ = do_commit(store, objects, [shard], expected=head, message=f"w{worker} r{i}")
+        vid, record = do_commit(store, objects, [shard], expected=head, message=f"w{worker} r{i}")
+        rebased += record.parents != ((head,) if head else ())
         landed.append(vid)
-    return landed
+    return landed, rebased
 
 
 def _process_entry(root, worker, rounds, barrier, queue):
     try:
-        queue.put((worker, _race_worker(root, worker, rounds, barrier), None))
+        landed, rebased = _race_worker(root, worker, rounds, barrier, lockstep=True)
+        queue.put((worker, landed, rebased, None))
     except Exception as e:  # report to the parent instead of dying silently
-        queue.put((worker, [], repr(e)))
+        queue.put((worker, [], 0, repr(e)))
 
 
 def _check_race_result(store, objects, workers: int, rounds: int, landed: list[str]) -> None:
@@ -136,7 +148,7 @@ def test_racing_appends_in_threads_all_land(store, objects):
     results: list[list[str]] = [[] for _ in range(workers)]
 
     def run(w):
-        results[w] = _race_worker(str(store.root), w, rounds, barrier)
+        results[w] = _race_worker(str(store.root), w, rounds, barrier)[0]
 
     threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
     for t in threads:
@@ -152,7 +164,8 @@ def test_racing_appends_in_processes_all_land(store, objects):
     barrier = ctx.Barrier(workers)
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_process_entry, args=(str(store.root), w, rounds, barrier, queue)) for w in range(workers)
+        ctx.Process(target=_process_entry, args=(str(store.root), w, rounds, barrier, queue))
+        for w in range(workers)
     ]
     for p in procs:
         p.start()
@@ -160,8 +173,10 @@ def test_racing_appends_in_processes_all_land(store, objects):
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    assert [err for _, _, err in outcomes] == [None] * workers
-    _check_race_result(store, objects, workers, rounds, [v for _, landed, _ in outcomes for v in landed])
+    assert [err for *_, err in outcomes] == [None] * workers
+    _check_race_result(store, objects, workers, rounds, [v for _, landed, _, _ in outcomes for v in landed])
+    # The writers really raced: in lockstep rounds the loser of each swap was rebased.
+    assert sum(rebased for _, _, rebased, _ in outcomes) >= 1
 
 
 def test_racing_replaces_one_wins_the_other_gets_a_conflict(store, objects):
@@ -189,3 +204,33 @@ def test_racing_replaces_one_wins_the_other_gets_a_conflict(store, objects):
         assert "conflict" in str(losers[0])
         assert RefStore(store).get_branch("main") == winners[0]
         RefStore(store).set_branch("main", v1, winners[0])  # reset for the next round
+
+
+class _AlwaysBeatenStore(LocalStore):
+    """A real local store where another writer appends to main just before each of our swaps."""
+
+    def compare_and_swap(self, key, data, expected):
+        if key == "refs/heads/main":
+            rival = LocalStore(self.root)
+            objects = ObjectStore(rival)
+            head = RefStore(rival).get_branch("main")
+            do_commit(rival, objects, [put_shard(objects, [f"rival after {head}"])], expected=head)
+        return super().compare_and_swap(key, data, expected)
+
+
+def test_append_gives_up_after_bounded_attempts_with_a_clear_conflict(tmp_path):
+    store = _AlwaysBeatenStore(tmp_path)
+    objects = ObjectStore(store)
+    plain = LocalStore(tmp_path)
+    v1, _ = do_commit(plain, ObjectStore(plain), [put_shard(objects, ["base"])])
+    with pytest.raises(ConflictError) as info:
+        do_commit(store, objects, [put_shard(objects, ["mine"])], expected=v1, max_attempts=3)
+    text = str(info.value)
+    assert "conflict" in text and "3 attempts" in text and "retry" in text
+    head = RefStore(plain).get_branch("main")
+    history = [record.message for _, record in log(plain, head)]
+    assert len(history) == 4  # base + the rival's three appends; ours never landed half-way
+    assert all(
+        objects.get(h) != b"mine"
+        for h in load_shard_table(objects, load_version(plain, head).data_hash).hashes()
+    )

@@ -54,7 +54,9 @@ def test_diff_counts_shards_and_records(store, objects):
     assert sorted(opened) == sorted([s2.hash, s2_edited.hash])  # only the differing shards
     d = exact.to_dict()
     assert {"added_records", "removed_records", "added_shards", "removed_shards"} <= set(d)
-    assert all(type(d[k]) is int for k in ("added_records", "removed_records", "added_shards", "removed_shards"))
+    assert all(
+        type(d[k]) is int for k in ("added_records", "removed_records", "added_shards", "removed_shards")
+    )
     assert (d["records_before"], d["records_after"]) == (9, 10)
 
     backwards = diff(objects, v2, v1, record_hashes=hashes)

@@ -151,12 +151,12 @@ def test_from_dict_names_subject_and_rejects_unknown_missing_and_newer():
     d = record().to_dict()
     with pytest.raises(BadInputError, match=r"versions/abc.*'records'.*'many'"):
         VersionRecord.from_dict({**d, "records": "many"}, subject="versions/abc")
-    with pytest.raises(BadInputError, match="unknown field.*'extra'"):
+    with pytest.raises(BadInputError, match=r"unknown field.*'extra'"):
         VersionRecord.from_dict({**d, "extra": 1})
     del d["author"]
-    with pytest.raises(BadInputError, match="missing field.*'author'"):
+    with pytest.raises(BadInputError, match=r"missing field.*'author'"):
         VersionRecord.from_dict(d)
-    with pytest.raises(BadInputError, match="newer.*upgrade"):
+    with pytest.raises(BadInputError, match=r"newer.*upgrade"):
         VersionRecord.from_dict({**record().to_dict(), "format": FORMAT_VERSION + 1})
     with pytest.raises(BadInputError, match="JSON object"):
         VersionRecord.from_dict([1, 2])

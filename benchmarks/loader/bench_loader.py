@@ -1,0 +1,303 @@
+"""Loader benchmark: CPU per delivered sample, first batch, resume, memory; ours vs the limit and peers.
+
+Every measurement runs in a fresh Python process (the median of ``--repeats`` of them
+is reported), because first-batch latency and memory are properties of a fresh start:
+
+- **epoch**: build the loader, read one epoch; CPU time of the process and all its
+  DataLoader workers (``RUSAGE_SELF + RUSAGE_CHILDREN``) per delivered sample, wall
+  samples/s, time to the first batch (from constructing the loader).
+- **resume**: a first process reads half an epoch and saves the loader's state; a fresh
+  one loads it and times the first batch (a loader without resume replays the half).
+- **memory**: ``--memory-epochs`` epochs; the peak over each epoch of the summed RSS and
+  PSS of the process and its workers (PSS splits pages shared after fork fairly).
+
+Usage (full run, the figures of the issue; several minutes on 2 cores)::
+
+    python -m benchmarks.loader.bench_loader run
+    .bench-venv/bin/python -m benchmarks.loader.bench_loader run   # with the peers installed
+
+Quick check while developing::
+
+    python -m benchmarks.loader.bench_loader run --samples 20000 --repeats 1 --memory-epochs 2
+
+Results go to ``benchmarks/loader/results/loader.{json,md}`` (and ``.png`` when
+matplotlib is importable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_WORK = ROOT / "benchmarks" / "_work" / "loader"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+# -- measuring, inside a child process ---------------------------------------------------
+
+
+class _MemorySampler:
+    """Peak summed RSS / PSS of this process and its children, sampled on a thread."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import psutil
+
+        self._me = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self, with_pss: bool) -> None:
+        procs = [self._me, *self._me.children(recursive=True)]
+        rss = pss = 0
+        for p in procs:
+            try:
+                if with_pss:
+                    info = p.memory_full_info()
+                    rss += info.rss
+                    pss += info.pss
+                else:
+                    rss += p.memory_info().rss
+            except Exception:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+        if with_pss:
+            self.peak_pss = max(self.peak_pss, pss)
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(self._interval):
+            self._sample(with_pss=tick % 5 == 0)
+            tick += 1
+
+    def reset(self) -> tuple[int, int]:
+        self._sample(with_pss=True)
+        peaks = (self.peak_rss, self.peak_pss)
+        self.peak_rss = self.peak_pss = 0
+        return peaks
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _cpu_seconds() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    from benchmarks.loader.candidates import CANDIDATES, RunConfig, batch_len
+
+    warnings.filterwarnings("ignore")
+    cand = CANDIDATES[spec["loader"]]
+    cfg = RunConfig(**spec["cfg"])
+    mode = spec["mode"]
+    out: dict[str, Any] = {}
+    if mode == "save_half":
+        loader = cand.make(cfg)
+        delivered, it = 0, iter(loader)
+        for batch in it:
+            delivered += batch_len(batch)
+            if delivered >= spec["half"]:
+                break
+        out = {"delivered": delivered, "state": cand.state(loader, delivered)}
+        Path(spec["state_file"]).write_text(json.dumps(out))
+        del it
+        return {"delivered": delivered}
+
+    sampler = _MemorySampler() if mode in ("epoch", "memory") else None
+    gc.collect()
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    loader = cand.make(cfg)
+    if mode == "resume":
+        saved = json.loads(Path(spec["state_file"]).read_text())
+        it = cand.resume(loader, saved["state"])
+        first = next(it)
+        out["first_batch_s"] = time.perf_counter() - t0
+        rest = batch_len(first) + sum(batch_len(b) for b in it)
+        out["resumed_samples"] = rest
+        out["saved_delivered"] = saved["delivered"]
+        return out
+
+    epochs = spec.get("epochs", 1)
+    samples, per_epoch = 0, []
+    for epoch in range(epochs):
+        if hasattr(loader, "streaming_dataset"):
+            loader.streaming_dataset.set_epoch(epoch)
+        it = iter(loader)
+        first = next(it)
+        if epoch == 0:
+            out["first_batch_s"] = time.perf_counter() - t0
+        n = batch_len(first)
+        for batch in it:
+            n += batch_len(batch)
+        del it, first
+        gc.collect()
+        samples += n
+        if sampler is not None and mode == "memory":
+            per_epoch.append(sampler.reset())
+    del loader
+    gc.collect()
+    wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    out.update({"samples": samples, "wall_s": wall, "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / max(1, samples),
+                "samples_per_s": samples / wall})
+    if sampler is not None:
+        rss, pss = sampler.reset()
+        sampler.stop()
+        out["peak_rss_mb"] = rss / 2**20
+        out["peak_pss_mb"] = pss / 2**20
+        if per_epoch:
+            out["epoch_peak_rss_mb"] = [r / 2**20 for r, _ in per_epoch]
+            out["epoch_peak_pss_mb"] = [p / 2**20 for _, p in per_epoch]
+    return out
+
+
+# -- orchestrating, in the parent ----------------------------------------------------------
+
+
+def _spawn(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.loader.bench_loader", "_child", json.dumps(spec)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec['loader']} {spec['mode']} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from benchmarks.loader.candidates import CANDIDATES, RunConfig
+    from benchmarks.loader.data import ensure_dataset
+
+    work = Path(args.work)
+    paths = ensure_dataset(work / f"data-{args.samples}-{args.shards}", args.samples, args.shards)
+    results = []
+    for name in args.loaders.split(","):
+        cand = CANDIDATES[name]
+        if not cand.available():
+            print(f"skip {name}: {', '.join(cand.requires)} not importable", file=sys.stderr)
+            continue
+        for workers in (int(w) for w in args.workers.split(",")):
+            for shuffle in (False, True):
+                cfg = RunConfig(paths=tuple(map(str, paths)), work=str(work), num_workers=workers, shuffle=shuffle,
+                                batch_size=args.batch_size)
+                cand.prepare(cfg)
+                base = {"loader": name, "cfg": cfg.__dict__}
+                epochs = [_spawn({**base, "mode": "epoch"}) for _ in range(args.repeats)]
+                state_file = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
+                _spawn({**base, "mode": "save_half", "half": args.samples // 2, "state_file": state_file})
+                resumes = [_spawn({**base, "mode": "resume", "state_file": state_file}) for _ in range(args.repeats)]
+                memory = _spawn({**base, "mode": "memory", "epochs": args.memory_epochs}) if args.memory_epochs else {}
+                row = {
+                    "loader": name, "workers": workers, "shuffle": shuffle, "repeats": args.repeats,
+                    "samples": epochs[0]["samples"],
+                    "cpu_us_per_sample": _median(epochs, "cpu_us_per_sample"),
+                    "samples_per_s": _median(epochs, "samples_per_s"),
+                    "first_batch_s": _median(epochs, "first_batch_s"),
+                    "resume_first_batch_s": _median(resumes, "first_batch_s"),
+                    "resumed_samples": resumes[0]["resumed_samples"],
+                    "resume_saved_after": resumes[0]["saved_delivered"],
+                    "peak_rss_mb": _median(epochs, "peak_rss_mb"),
+                    "peak_pss_mb": _median(epochs, "peak_pss_mb"),
+                    "epoch_peak_pss_mb": memory.get("epoch_peak_pss_mb"),
+                    "epoch_peak_rss_mb": memory.get("epoch_peak_rss_mb"),
+                }
+                print(json.dumps(row), file=sys.stderr)
+                results.append(row)
+    return results
+
+
+def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    limit = {(r["workers"]): r["cpu_us_per_sample"] for r in results if r["loader"] == "limit" and not r["shuffle"]}
+    lines = [
+        f"Loader benchmark: {args.samples} samples, {args.shards} shards, batch {args.batch_size}, "
+        f"median of {args.repeats} fresh processes; CPU = process + workers.",
+        "",
+        "| loader | workers | shuffle | CPU µs/sample | x limit | samples/s | first batch s | resume first batch s "
+        "| resumed samples | peak RSS MB | peak PSS MB | PSS per epoch MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        ratio = r["cpu_us_per_sample"] / limit[r["workers"]] if r["workers"] in limit else None
+        epochs = r["epoch_peak_pss_mb"]
+        lines.append(
+            f"| {r['loader']} | {r['workers']} | {'on' if r['shuffle'] else 'off'} | {r['cpu_us_per_sample']:.1f} | "
+            f"{'' if ratio is None else f'{ratio:.2f}'} | {r['samples_per_s']:.0f} | {r['first_batch_s']:.3f} | "
+            f"{r['resume_first_batch_s']:.3f} | {r['resumed_samples']} of {r['samples'] - r['resume_saved_after']} | "
+            f"{r['peak_rss_mb']:.0f} | {r['peak_pss_mb']:.0f} | "
+            f"{'' if not epochs else ' '.join(f'{x:.0f}' for x in epochs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels = [f"{r['loader']}\nw{r['workers']} {'shuf' if r['shuffle'] else 'seq'}" for r in results]
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.9), 4))
+    ax.bar(range(len(results)), [r["cpu_us_per_sample"] for r in results])
+    ax.set_xticks(range(len(results)), labels, fontsize=7)
+    ax.set_ylabel("CPU µs per delivered sample")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the benchmark")
+    r.add_argument("--samples", type=int, default=100_000)
+    r.add_argument("--shards", type=int, default=10)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--workers", default="0,2")
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--memory-epochs", type=int, default=5)
+    r.add_argument("--loaders", default="limit,tierdata,litdata,mds,wds")
+    r.add_argument("--work", default=str(DEFAULT_WORK))
+    r.add_argument("--out", default=str(DEFAULT_OUT))
+    c = sub.add_parser("_child")
+    c.add_argument("spec")
+    args = parser.parse_args()
+    if args.cmd == "_child":
+        print(json.dumps(_child(json.loads(args.spec))))
+        return
+    results = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loader.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    table = _table(results, args)
+    (out / "loader.md").write_text(table)
+    _plot(results, out / "loader.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The loaders under test, behind one small interface.
+
+Each candidate builds a loader yielding batches of ``batch_size`` dicts (or tuples) with
+an ``id`` entry, reports a resume state, and resumes from one. ``limit`` is the
+reference: plain file read, Arrow IPC decode (zstd), numpy column-wise batches, shards
+split over workers, nothing else. ``tierdata`` is ours. ``litdata``, ``mds`` and ``wds``
+are the peers, used when importable (see ``benchmarks/loader/README.md``); each converts
+the same records into its own format once, under the work folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from benchmarks.loader.data import TOKENS
+
+__all__ = ["CANDIDATES", "Candidate", "RunConfig", "batch_len"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every candidate gets: the shard files, a work folder and the DataLoader settings."""
+
+    paths: tuple[str, ...]
+    work: str
+    num_workers: int
+    shuffle: bool
+    batch_size: int = 64
+    seed: int = 0
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch (dict with an ``id`` entry, or tuple whose first item is the ids)."""
+    ids = batch["id"] if isinstance(batch, dict) else batch[0]
+    return len(ids)
+
+
+def _read_table(path: str) -> pa.Table:
+    with open(path, "rb") as f:
+        data = f.read()
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+
+
+def _records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Every record as Python/numpy values (for converting into the peers' formats)."""
+    for path in paths:
+        table = _read_table(path)
+        ids = table["id"].to_numpy()
+        tokens = table["tokens"].combine_chunks().flatten().to_numpy().reshape(-1, TOKENS)
+        texts = table["text"].to_pylist()
+        for i in range(len(ids)):
+            yield {"id": int(ids[i]), "tokens": tokens[i].copy(), "text": texts[i]}
+
+
+class Candidate:
+    """A loader under test. ``make`` builds it; ``state``/``resume`` save and restore a position."""
+
+    name = "?"
+    requires: tuple[str, ...] = ()
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def prepare(self, cfg: RunConfig) -> None:
+        """Convert the data into this candidate's format (once; cached in the work folder)."""
+
+    def make(self, cfg: RunConfig) -> Any:
+        raise NotImplementedError
+
+    def state(self, loader: Any, delivered: int) -> Any:
+        """A JSON-able position after ``delivered`` samples."""
+        return loader.state_dict()
+
+    def resume(self, loader: Any, state: Any) -> Iterator[Any]:
+        """An iterator over the rest of the epoch from ``state``."""
+        loader.load_state_dict(state)
+        return iter(loader)
+
+
+class Limit(Candidate):
+    """Plain read + zstd decode + numpy column-wise batches: the floor of CPU per sample."""
+
+    name = "limit"
+
+    def make(self, cfg: RunConfig) -> Any:
+        return DataLoader(_PlainShards(cfg), batch_size=None, num_workers=cfg.num_workers, collate_fn=_as_is)
+
+    def state(self, loader: Any, delivered: int) -> Any:
+        return {"skip": delivered}
+
+    def resume(self, loader: Any, state: Any) -> Iterator[Any]:
+        return _skip_batches(iter(loader), state["skip"])
+
+
+def _as_is(batch: Any) -> Any:
+    """No per-element conversion: the batches are tensors and lists already (the floor)."""
+    return batch
+
+
+def _skip_batches(it: Iterator[Any], samples: int) -> Iterator[Any]:
+    """Replay: read and drop ``samples`` samples (what a loader without resume must do)."""
+    skipped = 0
+    for batch in it:
+        if skipped >= samples:
+            yield batch
+        else:
+            skipped += batch_len(batch)
+
+
+class _PlainShards(IterableDataset):
+    """An IterableDataset reading whole shards and slicing numpy arrays (the limit)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        rng = np.random.default_rng(self.cfg.seed)
+        paths = list(self.cfg.paths)
+        if self.cfg.shuffle:
+            rng.shuffle(paths)
+        bs = self.cfg.batch_size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # from_numpy on read-only Arrow memory
+            for path in paths[wid::nw]:
+                table = _read_table(path)
+                ids = table["id"].to_numpy()
+                tokens = table["tokens"].combine_chunks().flatten().to_numpy().reshape(-1, TOKENS)
+                text = table["text"].combine_chunks()
+                n = len(ids)
+                if not self.cfg.shuffle:
+                    for i in range(0, n, bs):
+                        yield {"id": torch.from_numpy(ids[i : i + bs]), "tokens": torch.from_numpy(tokens[i : i + bs]),
+                               "text": text.slice(i, bs).to_pylist()}
+                    continue
+                order = rng.permutation(n)
+                for i in range(0, n, bs):
+                    idx = order[i : i + bs]
+                    yield {"id": torch.from_numpy(ids[idx]), "tokens": torch.from_numpy(tokens[idx]),
+                           "text": text.take(pa.array(idx)).to_pylist()}
+
+
+class Tierdata(Candidate):
+    """Ours: StreamingDataset in batch mode through StreamingDataLoader."""
+
+    name = "tierdata"
+
+    def make(self, cfg: RunConfig) -> Any:
+        from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
+
+        source = ArrowFileSource(list(cfg.paths))
+        ds = StreamingDataset(source, shuffle=cfg.shuffle, seed=cfg.seed, batch_size=cfg.batch_size)
+        return StreamingDataLoader(ds, num_workers=cfg.num_workers)
+
+
+class LitData(Candidate):
+    name = "litdata"
+    requires = ("litdata",)
+
+    def _dir(self, cfg: RunConfig) -> Path:
+        return Path(cfg.work) / f"litdata-{len(cfg.paths)}-{_fingerprint(cfg)}"
+
+    def prepare(self, cfg: RunConfig) -> None:
+        import litdata
+
+        out = self._dir(cfg)
+        if (out / "index.json").exists():
+            return
+        litdata.optimize(fn=_litdata_records, inputs=list(cfg.paths), output_dir=str(out), chunk_bytes="64MB",
+                         num_workers=1, compression="zstd")
+
+    def make(self, cfg: RunConfig) -> Any:
+        import litdata
+
+        ds = litdata.StreamingDataset(str(self._dir(cfg)), shuffle=cfg.shuffle, seed=cfg.seed)
+        return litdata.StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+
+
+def _litdata_records(path: str) -> Iterator[dict[str, Any]]:
+    yield from _records([path])
+
+
+class MosaicMDS(Candidate):
+    name = "mds"
+    requires = ("streaming",)
+
+    def _dir(self, cfg: RunConfig) -> Path:
+        return Path(cfg.work) / f"mds-{len(cfg.paths)}-{_fingerprint(cfg)}"
+
+    def prepare(self, cfg: RunConfig) -> None:
+        from streaming import MDSWriter
+
+        out = self._dir(cfg)
+        if (out / "index.json").exists():
+            return
+        columns = {"id": "int64", "tokens": "ndarray", "text": "str"}
+        with MDSWriter(out=str(out), columns=columns, compression="zstd", size_limit="32mb") as writer:
+            for record in _records(cfg.paths):
+                writer.write(record)
+
+    def make(self, cfg: RunConfig) -> Any:
+        from streaming import StreamingDataLoader, StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        ds = StreamingDataset(local=str(self._dir(cfg)), shuffle=cfg.shuffle, shuffle_seed=cfg.seed,
+                              batch_size=cfg.batch_size)
+        return StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+
+
+class WebDataset(Candidate):
+    name = "wds"
+    requires = ("webdataset",)
+
+    def _dir(self, cfg: RunConfig) -> Path:
+        return Path(cfg.work) / f"wds-{len(cfg.paths)}-{_fingerprint(cfg)}"
+
+    def prepare(self, cfg: RunConfig) -> None:
+        import webdataset as wds
+
+        out = self._dir(cfg)
+        if (out / "done").exists():
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        per = -(-sum(pa.ipc.open_file(p).count_rows() for p in cfg.paths) // len(cfg.paths))
+        with wds.ShardWriter(str(out / "shard-%05d.tar"), maxcount=per) as sink:
+            for r in _records(cfg.paths):
+                sink.write({"__key__": f"{r['id']:09d}", "id.cls": r["id"], "tokens.npy": r["tokens"], "txt": r["text"]})
+        (out / "done").write_text("1")
+
+    def make(self, cfg: RunConfig) -> Any:
+        import webdataset as wds
+
+        urls = [str(p) for p in sorted(self._dir(cfg).glob("shard-*.tar"))]
+        ds = wds.WebDataset(urls, shardshuffle=len(urls) if cfg.shuffle else False, seed=cfg.seed,
+                            workersplitter=wds.split_by_worker, empty_check=False)
+        if cfg.shuffle:
+            ds = ds.shuffle(1000)
+        ds = ds.decode().to_tuple("id.cls", "tokens.npy", "txt").batched(cfg.batch_size)
+        return wds.WebLoader(ds, batch_size=None, num_workers=cfg.num_workers)
+
+    def state(self, loader: Any, delivered: int) -> Any:
+        return {"skip": delivered}
+
+    def resume(self, loader: Any, state: Any) -> Iterator[Any]:
+        return _skip_batches(iter(loader), state["skip"])
+
+
+def _fingerprint(cfg: RunConfig) -> str:
+    import hashlib
+
+    return hashlib.blake2b(json.dumps(list(cfg.paths)).encode(), digest_size=4).hexdigest()
+
+
+CANDIDATES: dict[str, Candidate] = {c.name: c for c in (Limit(), Tierdata(), LitData(), MosaicMDS(), WebDataset())}

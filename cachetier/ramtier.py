@@ -1,0 +1,302 @@
+"""The RAM tier: values as files on tmpfs, memory-mapped, shared by every process on a node.
+
+Layout under ``root`` (by default a folder in ``/dev/shm``)::
+
+    .lock                   flock held while admitting or evicting (never to read)
+    v/<quoted key>          one framed value (see cachetier._frame); keys are percent-quoted,
+                            so ``<oid>`` and ``<oid>:decoded`` (a decoded shard) live side by side
+    v/.tmp.<pid>.<random>   a value being written
+
+Rules
+-----
+- **Reads take no lock and copy nothing**: open, ``mmap``, check the frame, return a
+  ``memoryview`` of the map. The view stays valid after the value is evicted (the file
+  is unlinked; its pages go when the last view is dropped).
+- **Writes** hold the lock: count the bytes really allocated (``st_blocks`` of every
+  file, temp files included, i.e. what tmpfs holds), evict what the chooser names until
+  the new value fits the budget, write a temp file and rename it into place. Readers
+  see the whole value or nothing.
+- **Crashes**: ``kill -9`` releases the lock (the kernel drops flocks of dead processes)
+  and can leave a temp file, which the next admission (or :meth:`RamTier.open`) deletes
+  once its pid is gone. Nothing half-written is ever visible under a key.
+- **Budget**: allocated bytes never exceed it after an admission. Views that readers
+  still hold on evicted values are outside the count, like the kernel's page cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from cachetier._frame import HEADER_SIZE, frame_header, open_frame
+from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
+from cachetier.hashing import BytesLike
+from cachetier.lmdbtier import Chooser, Resident
+from cachetier.metrics import TierCounters
+from cachetier.store import ObjectInfo, Store
+
+__all__ = ["RamTier"]
+
+_BLOCK = 4096
+_TEMP = ".tmp."
+
+
+class RamTier(Store):
+    """Framed values as memory-mapped files under ``root``, within ``budget`` allocated bytes."""
+
+    def __init__(self, root: str | os.PathLike[str], *, budget: int, verify: bool = True):
+        self.root = Path(root).expanduser().absolute()
+        self.values = self.root / "v"
+        self.budget = budget
+        self.verify = verify
+        self.counters = TierCounters()
+        self.url = self.root.as_uri()
+        self._opened = False
+
+    def open(self) -> None:
+        """Create the folders if needed and remove temp files of dead processes."""
+        if self._opened:
+            return
+        try:
+            self.values.mkdir(parents=True, exist_ok=True)
+            with self._locked():
+                self._scan(clean=True)
+        except OSError as e:
+            raise _unavailable(e, self.root) from e
+        self._opened = True
+
+    # -- reads -------------------------------------------------------------------------
+
+    def view(self, key: str) -> memoryview | None:
+        """Return a zero-copy, read-only view of the value, or None if absent or damaged.
+
+        A damaged value is deleted and counted as ``corrupt``; hits and misses are
+        counted by the caller.
+        """
+        path = self.values / _name(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) if st.st_size else None
+        finally:
+            os.close(fd)
+        payload = open_frame(mapped, verify=self.verify) if mapped is not None else None
+        if payload is None:
+            self.counters.corrupt += 1
+            self._drop_if_same(path, st.st_ino)
+            return None
+        return payload
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        view = self.view(key)
+        if view is None:
+            raise NotFoundError("no such key", subject=f"{self.url}/{key}")
+        start, end = byte_range if byte_range is not None else (0, None)
+        return bytes(view[start:end])
+
+    def exists(self, key: str) -> bool:
+        return (self.values / _name(key)).is_file()
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        try:
+            entries = list(os.scandir(self.values))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            key = unquote(entry.name)
+            if key.startswith(prefix):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(key, max(st.st_size - HEADER_SIZE, 0), st.st_mtime)
+
+    def residents(self) -> list[Resident]:
+        """Every value held, with the bytes tmpfs allocated for it."""
+        return [Resident(unquote(n), size) for n, size in self._scan(clean=False).items() if n[0] != "."]
+
+    def usage(self) -> dict[str, int]:
+        """Allocated bytes (temp files included), budget and entries."""
+        sizes = self._scan(clean=False)
+        return {
+            "bytes_used": sum(sizes.values()),
+            "budget": self.budget,
+            "entries": sum(1 for n in sizes if n[0] != "."),
+        }
+
+    # -- writes ------------------------------------------------------------------------
+
+    def put(self, key: str, data: BytesLike) -> None:
+        """Store (or replace) ``data``, evicting residents in listing order if needed.
+
+        TieredStore uses :meth:`admit`, which lets its policy choose.
+        """
+        if not self.admit(key, data, replace=True):
+            raise BadInputError(
+                f"value of {memoryview(data).nbytes} bytes does not fit the {self.budget}-byte budget",
+                subject=f"{self.url}/{key}",
+            )
+
+    def admit(
+        self, key: str, data: BytesLike, choose: Chooser | None = None, *, replace: bool = False
+    ) -> bool:
+        """Store ``data`` if it fits the budget once ``choose``'s victims are gone.
+
+        ``choose(missing_bytes, residents, None)`` returns keys to evict or None to give
+        up; without it, residents are evicted in listing order. Returns True when the
+        value is stored (or already was: values are immutable unless ``replace``);
+        raises StoreUnavailableError when tmpfs is full or unwritable.
+        """
+        payload = memoryview(data).cast("B")
+        need = _blocks(HEADER_SIZE + payload.nbytes)
+        if need > self.budget:
+            return False
+        self.open()
+        name = _name(key)
+        try:
+            with self._locked():
+                sizes = self._scan(clean=True)
+                if name in sizes and not replace:
+                    return True  # (a replaced value counts until the rename frees it)
+                missing = sum(sizes.values()) + need - self.budget
+                if missing > 0 and not self._make_room(missing, sizes, choose):
+                    self.counters.rejections += 1
+                    return False
+                self._write(name, frame_header(payload), payload)
+        except OSError as e:
+            self.counters.errors += 1
+            raise _unavailable(e, self.root) from e
+        self.counters.admissions += 1
+        self.counters.bytes_written += payload.nbytes
+        return True
+
+    def _make_room(self, missing: int, sizes: dict[str, int], choose: Chooser | None) -> bool:
+        residents = [Resident(unquote(n), size) for n, size in sizes.items() if n[0] != "."]
+        if choose is None:
+            victims, freed = [], 0
+            for r in residents:
+                if freed >= missing:
+                    break
+                victims.append(r.key)
+                freed += r.size
+        else:
+            victims = choose(missing, residents, None)
+            if victims is None:
+                return False
+        for victim in victims:
+            missing -= sizes.get(_name(victim), 0)
+            self._unlink(self.values / _name(victim))
+        return missing <= 0
+
+    def _write(self, name: str, header: bytes, payload: memoryview) -> None:
+        tmp = self.values / f"{_TEMP}{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, len(header) + payload.nbytes)
+                os.pwrite(fd, header, 0)
+                written = 0
+                while written < payload.nbytes:
+                    written += os.pwrite(fd, payload[written:], len(header) + written)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.values / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def delete(self, key: str) -> None:
+        self._unlink(self.values / _name(key))
+
+    def evict(self, keys: list[str]) -> int:
+        """Delete ``keys``; return how many were present."""
+        return sum(self._unlink(self.values / _name(k)) for k in keys)
+
+    def _unlink(self, path: Path) -> bool:
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        self.counters.evictions += 1
+        return True
+
+    def _drop_if_same(self, path: Path, inode: int) -> None:
+        """Delete a damaged value unless a writer already replaced it."""
+        try:
+            if os.stat(path).st_ino == inode:
+                self._unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _scan(self, *, clean: bool) -> dict[str, int]:
+        """Allocated bytes by file name; with ``clean``, delete temp files of dead processes."""
+        sizes: dict[str, int] = {}
+        try:
+            entries = list(os.scandir(self.values))
+        except FileNotFoundError:
+            return sizes
+        for entry in entries:
+            if clean and entry.name.startswith(_TEMP) and not _owner_alive(entry.name):
+                Path(entry.path).unlink(missing_ok=True)
+                continue
+            try:
+                sizes[entry.name] = entry.stat().st_blocks * 512
+            except FileNotFoundError:
+                continue
+        return sizes
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _name(key: str) -> str:
+    name = quote(key, safe="")
+    return "%2E" + name[1:] if name.startswith(".") else name
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // _BLOCK) * _BLOCK
+
+
+def _owner_alive(temp_name: str) -> bool:
+    try:
+        pid = int(temp_name[len(_TEMP) :].split(".")[0])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unavailable(err: OSError, path: Path) -> StoreUnavailableError:
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "no space left on the RAM tier's filesystem"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = "permission denied"
+    else:
+        why = f"cannot use the RAM tier: {err}"
+    return StoreUnavailableError(why, subject=str(path), hint="set ram_bytes=0 or another ram_dir")

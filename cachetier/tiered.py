@@ -1,0 +1,687 @@
+"""TieredStore: objects by id through RAM, then the SSD tier, then the object store.
+
+Read path (:meth:`TieredStore.read`)::
+
+    RAM hit  → a zero-copy view of the memory-mapped value
+    SSD hit  → copied out of a short LMDB read transaction, then offered to RAM
+               (promotion: the SSD copy stays)
+    miss     → fetched from the object store (verified against its id, retried with
+               backoff), then offered to RAM, and to the SSD tier if RAM refuses
+
+Each offer asks the placement policy (:mod:`cachetier.policy`) with the object's decayed
+frequency (:mod:`cachetier.stats`) and next announced use (:mod:`cachetier.hints`). A raw
+object that RAM evicts is offered to the SSD tier (demotion) unless it is there, so
+with one job the two tiers together keep (RAM + SSD) / N of the data. Prefetched objects
+are staged in RAM, and offered to the SSD tier for their use after the one they were
+fetched for. A read is recorded in the
+statistics *after* the decision, so a newcomer is judged on its history, like the
+residents it would replace. The object store is the source of truth and is never
+evicted from.
+
+Every value from a cache tier is checked (the frame's XXH3 checksum, see
+:mod:`cachetier._frame`; with ``verify="hash"`` the object id too); a damaged value is
+dropped, counted as ``corrupt``, and the read falls through to the next tier.
+
+Faults never break reads: a tier whose folder cannot be opened or written (permission,
+full disk) is skipped and retried after ``_RETRY_TIER_AFTER`` seconds, so reads go
+through to the object store; an object store that cannot be reached is retried with
+backoff, then :class:`~cachetier.errors.StoreUnavailableError` is raised for that object
+only, while cached objects keep being served.
+
+Statistics, plan positions and counters are published to the node's LMDB environment
+every ``_FLUSH_EVERY`` reads or ``_FLUSH_INTERVAL`` seconds, so :meth:`stats` in any
+process (``dataset cache stats``) reports node-wide counters.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.util
+import os
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import lmdb
+
+from cachetier.config import CacheConfig
+from cachetier.errors import (
+    IntegrityError,
+    NotFoundError,
+    StoreUnavailableError,
+    UsageError,
+)
+from cachetier.hashing import BytesLike, content_hash
+from cachetier.hints import HintBoard, Prefetcher
+from cachetier.lmdbtier import Chooser, LmdbTier, SharedEnv
+from cachetier.metrics import CacheCounters, FetchCounters, TierCounters, serve_metrics
+from cachetier.objects import ObjectStore
+from cachetier.policy import Candidate, PlacementPolicy, get_policy
+from cachetier.ramtier import RamTier
+from cachetier.stats import AccessStats, MemoryStats, SharedStats
+
+__all__ = ["TieredStore", "decoded_key", "serve"]
+
+_FLUSH_EVERY = 64
+_FLUSH_INTERVAL = 1.0
+_RETRY_TIER_AFTER = 30.0
+_COUNTERS_KEY = b"counters"
+_TIER_ERRORS = (StoreUnavailableError, OSError, lmdb.Error)
+_CORRUPT = object()
+
+Decoder = Callable[[memoryview], BytesLike]
+
+
+def decoded_key(oid: str, kind: str = "decoded") -> str:
+    """The RAM-tier key of a value derived from object ``oid`` (e.g. a decompressed shard)."""
+    return f"{oid}:{kind}"
+
+
+def _base(key: str) -> str:
+    return key.partition(":")[0]
+
+
+class TieredStore:
+    """Read objects by id through the node's RAM and SSD tiers, placed by a policy.
+
+    ``objects`` is the repository's object store (None for a process that only
+    inspects or rebalances the cache, such as ``dataset cache serve``). ``policy``
+    overrides ``config.policy`` (a name or an instance). Safe to use from several
+    threads, and from processes forked after it was made (each reopens what it needs).
+    """
+
+    def __init__(
+        self,
+        objects: ObjectStore | None,
+        config: CacheConfig | None = None,
+        *,
+        policy: str | PlacementPolicy | None = None,
+    ):
+        self.objects = objects
+        self.config = config = config or CacheConfig()
+        self.policy = _make_policy(policy or config.policy, config)
+        verify = config.verify != "none"
+        self._env: SharedEnv | None = None
+        self.ssd: LmdbTier | None = None
+        if config.ssd_bytes:
+            map_size = int(config.ssd_bytes * (1 + config.map_headroom))
+            self._env = SharedEnv(config.lmdb_dir, map_size=map_size, budget=config.ssd_bytes)
+            self.ssd = LmdbTier(self._env, budget=config.ssd_bytes, verify=verify)
+        self.ram = (
+            RamTier(config.resolved_ram_dir, budget=config.ram_bytes, verify=verify)
+            if config.ram_bytes
+            else None
+        )
+        self._shared_stats = (
+            SharedStats(self._env, flush_every=1 << 62, flush_interval=float("inf")) if self._env else None
+        )
+        self._memory_stats = MemoryStats()
+        self.hints = HintBoard(self._env)
+        self.prefetcher = (
+            Prefetcher(self._prefetch_one, workers=config.prefetch_workers)
+            if self.ram is not None and config.prefetch_depth and config.prefetch_workers
+            else None
+        )
+        self.counters = CacheCounters(
+            ram=self.ram.counters if self.ram else TierCounters(),
+            ssd=self.ssd.counters if self.ssd else TierCounters(),
+            store=FetchCounters(),
+        )
+        self._published = CacheCounters()
+        self._pid = os.getpid()
+        self._down: dict[str, tuple[str, float]] = {}
+        self._no_writes: dict[str, tuple[str, float]] = {}
+        self._prefetch_decode: tuple[Decoder, str] | None = None
+        self._reads_since_flush = 0
+        self._last_flush = time.monotonic()
+        self._flush_lock = threading.Lock()
+        _flush_at_exit(self)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def read(self, oid: str, *, reader: str | None = None) -> memoryview:
+        """Return the verified bytes of object ``oid`` as a read-only view.
+
+        A RAM hit is a view of the memory-mapped value (no copy); otherwise the view
+        wraps a fresh ``bytes``. ``reader`` is the id :meth:`announce` returned, when a
+        process reads for several plans (None moves every local plan expecting ``oid``).
+        Raises NotFoundError when the object does not exist, StoreUnavailableError when
+        it is not cached and the object store is unreachable.
+        """
+        self._begin_read(oid, reader)
+        view = self._from_ram(oid)
+        if view is None:
+            data = self._from_ssd(oid, bytes)
+            if data is not None:
+                self._offer("ram", oid, data)  # promotion; the SSD copy stays
+            else:
+                data = self._fetch(oid)
+                if not self._offer("ram", oid, data):  # what RAM takes reaches SSD when demoted
+                    self._offer("ssd", oid, data)
+            view = memoryview(data)
+        self._end_read(oid)
+        return view.toreadonly()
+
+    def get(self, oid: str, *, reader: str | None = None) -> bytes:
+        """Return the verified bytes of object ``oid`` (a copy on a RAM hit)."""
+        view = self.read(oid, reader=reader)
+        return view.obj if isinstance(view.obj, bytes) and len(view.obj) == view.nbytes else bytes(view)
+
+    def get_decoded(
+        self, oid: str, decode: Decoder, *, kind: str = "decoded", reader: str | None = None
+    ) -> memoryview:
+        """Return ``decode(bytes of oid)``, cached in RAM under :func:`decoded_key` ``(oid, kind)``.
+
+        A hot read skips both the fetch and the decoding; on an SSD hit ``decode`` reads
+        the LMDB value in place (no copy of the raw bytes). ``decode`` must be a pure
+        function of the bytes and return a buffer.
+        """
+        self._begin_read(oid, reader)
+        key = decoded_key(oid, kind)
+        view = self._from_ram(key)
+        if view is None:
+            raw = self._from_ram(oid, count=False)
+            if raw is not None:
+                self._count_hit("ram", raw.nbytes)
+                decoded = decode(raw)
+            else:
+                decoded = self._from_ssd(oid, decode)
+                if decoded is None:
+                    data = self._fetch(oid)
+                    self._offer("ssd", oid, data)
+                    decoded = decode(memoryview(data))
+            self._offer("ram", key, decoded)
+            view = memoryview(decoded)
+        self._end_read(oid)
+        return view.toreadonly()
+
+    def contains(self, oid: str) -> list[str]:
+        """The tiers that hold ``oid`` now (``"ram"``, ``"ssd"``), fastest first."""
+        held = []
+        if self._usable("ram") and self.ram is not None and self.ram.exists(oid):
+            held.append("ram")
+        if self._usable("ssd") and self.ssd is not None and self.ssd.exists(oid):
+            held.append("ssd")
+        return held
+
+    def _begin_read(self, oid: str, reader: str | None) -> None:
+        if self._pid != os.getpid():
+            self._after_fork()
+        self.hints.advance(oid, reader)
+        self.counters.reads += 1
+        if self.prefetcher is not None:
+            self.prefetcher.join(oid, timeout=60.0)
+
+    def _end_read(self, oid: str) -> None:
+        self._stats().record(oid)
+        if self.prefetcher is not None:
+            self.prefetcher.schedule(self.hints.upcoming(self.config.prefetch_depth))
+        self._reads_since_flush += 1
+        if self._reads_since_flush >= _FLUSH_EVERY or time.monotonic() - self._last_flush >= _FLUSH_INTERVAL:
+            self.flush()
+
+    def _from_ram(self, key: str, *, count: bool = True) -> memoryview | None:
+        if self.ram is None or not self._usable("ram"):
+            return None
+        try:
+            view = self.ram.view(key)
+        except OSError as e:
+            self._mark(self._down, "ram", e)
+            return None
+        if view is not None and not self._id_matches(key, view):
+            self.ram.evict([key])
+            self.ram.counters.corrupt += 1
+            view = None
+        if count:
+            if view is None:
+                self.counters.ram.misses += 1
+            else:
+                self._count_hit("ram", view.nbytes)
+        return view
+
+    def _from_ssd(self, oid: str, use: Callable[[memoryview], Any]) -> Any:
+        if self.ssd is None or not self._usable("ssd"):
+            return None
+
+        def checked(view: memoryview) -> Any:
+            return use(view) if self._id_matches(oid, view) else _CORRUPT
+
+        try:
+            result = self.ssd.read(oid, checked)
+        except _TIER_ERRORS as e:
+            self._mark(self._down, "ssd", e)
+            return None
+        if result is _CORRUPT:
+            self.ssd.counters.corrupt += 1
+            self._guarded("ssd", self.ssd.evict, [oid])
+            result = None
+        if result is None:
+            self.counters.ssd.misses += 1
+        else:
+            self._count_hit("ssd", _nbytes(result))
+        return result
+
+    def _count_hit(self, tier: str, nbytes: int) -> None:
+        counters = self.counters.ram if tier == "ram" else self.counters.ssd
+        counters.hits += 1
+        counters.bytes_read += nbytes
+
+    def _id_matches(self, key: str, view: memoryview) -> bool:
+        if self.config.verify != "hash" or ":" in key or self.objects is None:
+            return True
+        return content_hash(view, self.objects.algorithm) == key
+
+    def _fetch(self, oid: str) -> bytes:
+        """Read ``oid`` from the object store, verified, with retries and backoff."""
+        if self.objects is None:
+            raise UsageError("this cache has no object store to fetch from", subject=f"object {oid}")
+        attempts = self.config.fetch_retries + 1
+        delay, last = self.config.retry_backoff, None
+        for attempt in range(attempts):
+            if attempt:
+                self.counters.store.retries += 1
+                time.sleep(delay)
+                delay *= 2
+            started = time.perf_counter()
+            try:
+                data = self.objects.get(oid)
+            except NotFoundError:
+                raise
+            except (IntegrityError, StoreUnavailableError, OSError) as e:
+                last = e
+                continue
+            self.counters.store.observe(time.perf_counter() - started, len(data))
+            return data
+        self.counters.store.failures += 1
+        if isinstance(last, IntegrityError):
+            raise last
+        raise StoreUnavailableError(
+            f"object store unreachable after {attempts} attempts: {last}",
+            subject=f"{self.objects.store.url} object {oid}",
+            hint="check the endpoint and network; objects already cached keep being served",
+        ) from last
+
+    # -- placement ---------------------------------------------------------------------
+
+    def _offer(self, tier: str, key: str, data: BytesLike, *, skip: int = 0) -> bool:
+        """Ask the policy whether ``key`` enters ``tier``; store it if so.
+
+        Raw objects that RAM evicts to make room are offered to the SSD tier (demoted)
+        unless it holds them already.
+        """
+        target = self.ram if tier == "ram" else self.ssd
+        if target is None or not self._usable(tier) or tier in self._no_writes:
+            return False
+        self.hints.refresh()
+        demoted: list[tuple[str, memoryview]] = []
+        try:
+            admitted = target.admit(key, data, self._chooser(key, skip=skip, demoted=demoted))
+        except _TIER_ERRORS as e:
+            self._mark(self._no_writes, tier, e)
+            admitted = False
+        for victim, view in demoted:
+            if self.ssd is not None and self._usable("ssd") and not self.ssd.exists(victim):
+                self._offer("ssd", victim, view)
+        return admitted
+
+    def _chooser(self, key: str, *, skip: int = 0, demoted: list[tuple[str, memoryview]]) -> Chooser:
+        stats = self._stats()
+
+        def choose(missing: int, residents: list[Any], txn: Any) -> list[str] | None:
+            bases = {_base(r.key) for r in residents} | {_base(key)}
+            records = stats.lookup(bases, txn=txn)
+            uses = self.hints.next_use(bases, refresh=False)
+            if skip:
+                uses[_base(key)] = self.hints.next_use([_base(key)], skip=skip, refresh=False)[_base(key)]
+
+            def candidate(k: str, size: int) -> Candidate:
+                rec = records[_base(k)]
+                return Candidate(k, size, rec.frequency, rec.last_access, uses[_base(k)])
+
+            victims = self.policy.choose_victims(
+                candidate(key, missing), [candidate(r.key, r.size) for r in residents], 0
+            )
+            if victims is None:
+                return None
+            if txn is None and self.ram is not None:  # RAM evicts: keep views of raw victims to demote
+                for v in victims:
+                    view = self.ram.view(v.key) if ":" not in v.key else None
+                    if view is not None:
+                        demoted.append((v.key, view))
+            return [v.key for v in victims]
+
+        return choose
+
+    # -- hints and prefetch ------------------------------------------------------------
+
+    def announce(
+        self,
+        oids: Iterable[str],
+        *,
+        reader: str | None = None,
+        decode: Decoder | None = None,
+        kind: str = "decoded",
+    ) -> str:
+        """Announce a reader's future read order; return the reader id (pass it to re-announce).
+
+        The next ``prefetch_depth`` objects are fetched ahead into RAM and protected;
+        eviction prefers what no plan needs soon. With ``decode``, prefetched objects
+        are stored decoded (read them with :meth:`get_decoded` and the same ``kind``).
+        A loader should announce the current epoch and the next one: its order is a
+        pure function of seed and epoch, and the longer horizon lets the policy keep
+        what the next epoch reads early.
+        """
+        if decode is not None:
+            self._prefetch_decode = (decode, kind)
+        reader = self.hints.announce(list(oids), reader=reader)
+        if self.prefetcher is not None:
+            self.prefetcher.schedule(self.hints.upcoming(self.config.prefetch_depth))
+        return reader
+
+    def withdraw(self, reader: str) -> None:
+        """Withdraw a plan announced by this process."""
+        self.hints.drop(reader)
+
+    def _prefetch_one(self, oid: str) -> None:
+        decode, kind = self._prefetch_decode or (None, "")
+        key = decoded_key(oid, kind) if decode else oid
+        if self.ram is None or not self._usable("ram") or self.ram.exists(key):
+            return
+        value = self._from_ssd(oid, decode or bytes)
+        if value is None:
+            data = self._fetch(oid)
+            self._offer("ssd", oid, data, skip=1)  # worth keeping only for the read after the next
+            value = decode(memoryview(data)) if decode else data
+        self._offer("ram", key, value)
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def warm(self, oids: Iterable[str], *, tier: str = "ssd", workers: int = 4) -> dict[str, int]:
+        """Fetch objects into ``tier`` ahead of use; return counts by outcome.
+
+        Warming records no access, so it fills free space and replaces only residents
+        the policy ranks below a never-read object: it never pushes out what is in use.
+        """
+        if tier not in ("ram", "ssd"):
+            raise UsageError(f"unknown tier {tier!r} (expected 'ram' or 'ssd')", subject=tier)
+        target = self.ram if tier == "ram" else self.ssd
+        outcome: Counter[str] = Counter()
+
+        def one(oid: str) -> str:
+            if target is not None and self._usable(tier) and target.exists(oid):
+                return "cached"
+            try:
+                data = self._fetch(oid)
+            except (NotFoundError, StoreUnavailableError, IntegrityError):
+                return "failed"
+            outcome["bytes_fetched"] += len(data)
+            return "admitted" if self._offer(tier, oid, data) else "refused"
+
+        oids = list(oids)
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            for result in pool.map(one, oids):
+                outcome[result] += 1
+        keys = ("cached", "admitted", "refused", "failed", "bytes_fetched")
+        return {"requested": len(oids), **{k: outcome[k] for k in keys}}
+
+    def evict(self, oids: Iterable[str] | None = None, *, tier: str | None = None) -> dict[str, int]:
+        """Drop ``oids`` (and their decoded forms) from ``tier`` (both when None), or everything."""
+        tiers = [tier] if tier else ["ram", "ssd"]
+        removed = {}
+        for name in tiers:
+            target = self.ram if name == "ram" else self.ssd
+            if target is None or not self._usable(name):
+                removed[name] = 0
+                continue
+            if oids is None:
+                keys = [r.key for r in target.residents()]
+            else:
+                wanted = set(oids)
+                keys = [r.key for r in target.residents() if _base(r.key) in wanted]
+            removed[name] = self._guarded(name, target.evict, keys) or 0
+        return removed
+
+    def rebalance(self) -> dict[str, Any]:
+        """Housekeeping for ``dataset cache serve``: publish, retry broken tiers, fix budgets.
+
+        Flushes statistics, clears reader slots and temp files left by dead processes,
+        retries tiers marked broken, and evicts (least useful first) where a tier holds
+        more than its budget (after the budget was lowered).
+        """
+        self._down.clear()
+        self._no_writes.clear()
+        self.flush()
+        if self._env is not None and self._usable("ssd"):
+            self._guarded("ssd", lambda: self._env.open().reader_check())
+        self.hints.refresh(force=True)
+        shrunk = {name: self._shrink(name) for name in ("ram", "ssd")}
+        return {"evicted_over_budget": shrunk, "degraded": self.degraded()}
+
+    def _shrink(self, tier: str) -> int:
+        target = self.ram if tier == "ram" else self.ssd
+        if target is None or not self._usable(tier):
+            return 0
+        usage = target.usage()
+        over = usage["bytes_used"] - usage["budget"]
+        if over <= 0:
+            return 0
+        residents = target.residents()
+        bases = {_base(r.key) for r in residents}
+        records = self._stats().lookup(bases)
+        uses = self.hints.next_use(bases)
+        ranked = self.policy.rank([
+            Candidate(r.key, r.size, records[_base(r.key)].frequency, records[_base(r.key)].last_access,
+                      uses[_base(r.key)])
+            for r in residents
+        ])  # fmt: skip
+        victims = []
+        for c in ranked:
+            if over <= 0:
+                break
+            victims.append(c.key)
+            over -= c.size
+        return self._guarded(tier, target.evict, victims) or 0
+
+    def flush(self) -> None:
+        """Publish buffered statistics, plan positions and counters to the node."""
+        with self._flush_lock:
+            self._reads_since_flush = 0
+            self._last_flush = time.monotonic()
+            if self._env is None or not self._usable("ssd"):
+                return
+            self._shared_stats.flush()
+            self.hints.flush()
+            snapshot = self._snapshot()
+            delta = snapshot - self._published
+            try:
+                with self._env.write() as txn:
+                    meta = self._env.db("meta")
+                    raw = txn.get(_COUNTERS_KEY, db=meta)
+                    total = CacheCounters.from_dict(json.loads(raw)) if raw else CacheCounters()
+                    txn.put(_COUNTERS_KEY, json.dumps((total + delta).to_dict()).encode(), db=meta)
+                self._published = snapshot
+            except _TIER_ERRORS:
+                self.counters.ssd.errors += 1
+
+    # -- reporting ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-able report: per tier bytes used, budget, entries and counters; fetches.
+
+        With a usable LMDB environment the counters are node-wide (every process's
+        published counts plus this process's unpublished ones), else this process's.
+        """
+        counters, scope = self._snapshot(), "process"
+        if self._env is not None and self._usable("ssd"):
+            try:
+                with self._env.read() as txn:
+                    raw = txn.get(_COUNTERS_KEY, db=self._env.db("meta"))
+                if raw:
+                    counters = CacheCounters.from_dict(json.loads(bytes(raw))) + (counters - self._published)
+                scope = "node"
+            except _TIER_ERRORS:
+                pass
+        served = counters.ram.hits + counters.ssd.hits
+        tiers: dict[str, Any] = {}
+        for name, target, tier_counters in (("ram", self.ram, counters.ram), ("ssd", self.ssd, counters.ssd)):
+            entry: dict[str, Any] = {"enabled": target is not None, "path": target.url if target else None}
+            entry.update({"bytes_used": 0, "budget": 0, "entries": 0})
+            if target is not None and self._usable(name):
+                usage = self._guarded(name, target.usage)
+                entry.update(usage or {})
+            entry.update(tier_counters.to_dict())
+            tiers[name] = entry
+        store = counters.store.to_dict()
+        store.pop("latency_buckets")
+        store["fetch_latency"] = counters.store.latency_dict()
+        store["url"] = self.objects.store.url if self.objects is not None else None
+        tiers["store"] = store
+        return {
+            "scope": scope,
+            "policy": self.policy.name,
+            "reads": counters.reads,
+            "hit_ratio": served / counters.reads if counters.reads else 0.0,
+            "tiers": tiers,
+            "degraded": self.degraded(),
+            "config": self.config.to_dict(),
+        }
+
+    def degraded(self) -> dict[str, str]:
+        """Tiers currently skipped (or read-only), with the reason."""
+        out = {name: f"unusable: {why}" for name, (why, _) in self._down.items()}
+        out.update(
+            {name: f"not writable: {why}" for name, (why, _) in self._no_writes.items() if name not in out}
+        )
+        return out
+
+    def _snapshot(self) -> CacheCounters:
+        return self.counters + CacheCounters()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _stats(self) -> AccessStats:
+        if self._shared_stats is not None and self._usable("ssd"):
+            return self._shared_stats
+        return self._memory_stats
+
+    def _usable(self, tier: str) -> bool:
+        if (tier == "ram" and self.ram is None) or (tier == "ssd" and self._env is None):
+            return False
+        down = self._down.get(tier)
+        if down is not None:
+            if time.monotonic() - down[1] < _RETRY_TIER_AFTER:
+                return False
+            del self._down[tier]
+        try:
+            if tier == "ram":
+                self.ram.open()
+            else:
+                self._env.open()
+        except _TIER_ERRORS as e:
+            self._mark(self._down, tier, e)
+            return False
+        no_writes = self._no_writes.get(tier)
+        if no_writes is not None and time.monotonic() - no_writes[1] >= _RETRY_TIER_AFTER:
+            del self._no_writes[tier]
+        return True
+
+    def _mark(self, table: dict[str, tuple[str, float]], tier: str, err: BaseException) -> None:
+        table[tier] = (str(err), time.monotonic())
+        (self.counters.ram if tier == "ram" else self.counters.ssd).errors += 1
+
+    def _guarded(self, tier: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except _TIER_ERRORS as e:
+            self._mark(self._no_writes, tier, e)
+            return None
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's unpublished counts are the parent's to publish."""
+        self._pid = os.getpid()
+        self._published = self._snapshot()
+        self._flush_lock = threading.Lock()
+        _flush_at_exit(self)
+
+    def close(self) -> None:
+        """Publish what is buffered, withdraw this process's plans, stop prefetching."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.flush()
+        self.hints.close()
+        if self._env is not None:
+            self._env.close()
+
+    def __enter__(self) -> TieredStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"TieredStore(ram={self.config.ram_bytes}, ssd={self.config.ssd_bytes}, policy={self.policy!r})"
+        )
+
+
+def _flush_at_exit(store: TieredStore) -> None:
+    """Publish ``store``'s counts when this process exits, DataLoader workers included.
+
+    multiprocessing runs these finalizers in the children it starts (which end with
+    ``os._exit``, skipping ``atexit``) and, through ``atexit``, in the main process.
+    """
+    ref = weakref.ref(store)
+
+    def flush() -> None:
+        alive = ref()
+        if alive is not None and alive._pid == os.getpid():
+            try:
+                alive.flush()
+            except Exception:  # the process is exiting: counts are advisory
+                pass
+
+    multiprocessing.util.Finalize(store, flush, exitpriority=10)
+
+
+def _nbytes(value: Any) -> int:
+    try:
+        return memoryview(value).nbytes
+    except TypeError:
+        return 0
+
+
+def _make_policy(policy: str | PlacementPolicy, config: CacheConfig) -> PlacementPolicy:
+    if policy == "freq-hint":
+        return get_policy(policy, protect=float(config.prefetch_depth))
+    return get_policy(policy)
+
+
+def serve(
+    config: CacheConfig,
+    *,
+    metrics_port: int,
+    objects: ObjectStore | None = None,
+    interval: float = 5.0,
+    host: str = "127.0.0.1",
+    stop: threading.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Rebalance the node cache every ``interval`` seconds and serve ``/metrics``; block until ``stop``.
+
+    ``metrics_port=0`` picks a free port; ``on_ready(port)`` is called once serving.
+    Prometheus text shows the same figures as :meth:`TieredStore.stats`.
+    """
+    stop = stop or threading.Event()
+    with TieredStore(objects, config) as store:
+        server = serve_metrics(store.stats, metrics_port, host=host)
+        try:
+            if on_ready is not None:
+                on_ready(server.port)
+            while not stop.wait(interval):
+                store.rebalance()
+        finally:
+            server.close()

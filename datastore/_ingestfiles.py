@@ -1,0 +1,310 @@
+"""Ingest of ``files`` sources: records known by hash before their bytes are read.
+
+A file whose size and mtime the ingest index remembers contributes its record hash and
+canonical size without being opened. Shard boundaries depend only on those two numbers,
+so the shards of a re-ingest are cut before any data is read; a shard whose records are
+all known and whose object is stored is reused as is, and only the shards that hold a
+changed file are built, reading their unchanged neighbours then (and checking that their
+hashes still match). Small files are read whole; files at or above the chunk threshold
+are cut into content-defined chunks, each stored as its own object.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from cachetier.errors import BadInputError
+from cachetier.hashing import hasher
+from datastore._pipeline import Uploader, store_pending
+from datastore._sourcebase import SourceSpec, SourceStats
+from datastore.chunking import ChunkOptions, iter_chunks, pack_chunk
+from datastore.files import FILES_SCHEMA, FileEntry, files_batch, read_small_file, walk_files
+from datastore.ingestindex import IngestIndex
+from datastore.recordhash import RECORD_HASH_TYPE, digest_prefixes, hash_records
+from datastore.shards import (
+    BoundaryCutter,
+    PendingShard,
+    ShardInfo,
+    ShardOptions,
+    shard_key,
+    shard_key_prefix,
+)
+
+__all__ = ["FilesOutcome", "ingest_files"]
+
+_GROUP_FILES = 1024
+_GROUP_BYTES = 32 << 20
+_READERS = 4
+_RECORD_SCOPE = "record/1"
+
+
+@dataclass(slots=True)
+class _Record:
+    entry: FileEntry
+    display: str
+    data: bytes | None = None
+    chunks: tuple[str, ...] | None = None
+    hash: bytes = b""
+    size: int = 0
+    known: bool = False  # from the index: data not read
+
+
+@dataclass(frozen=True, slots=True)
+class FilesOutcome:
+    """The shards of a files ingest, per-source stats and how many files were opened."""
+
+    schema: pa.Schema
+    shards: list[ShardInfo]
+    stats: list[SourceStats]
+    files_read: int
+
+
+class _FilesIngest:
+    def __init__(self, up, options, chunk_options, index, progress, read_started_ns):
+        self.up = up
+        self.options = options
+        self.chunk_options = chunk_options
+        self.index = index
+        self.progress = progress
+        self.read_started_ns = read_started_ns
+        self.scope = f"{_RECORD_SCOPE};{chunk_options.fingerprint()}"
+        self.cutter = BoundaryCutter(options)
+        self.key_prefix = shard_key_prefix(FILES_SCHEMA, options)
+        self.pending: list[_Record] = []
+        self.futures = []
+        self.files_read = 0
+        self._lock = threading.Lock()
+        self.readers = ThreadPoolExecutor(_READERS, thread_name_prefix="tierdata-read")
+
+    # ------------------------------------------------------------ records
+
+    def run_source(self, spec: SourceSpec, entries: list[FileEntry]) -> SourceStats:
+        stats = SourceStats()
+        digest = hasher()
+        for group in _groups(entries, self.chunk_options.threshold):
+            records = [self._lookup(e, spec.display) for e in group]
+            self._load(records)
+            self._hash_fresh(records)
+            for r in records:
+                digest.update(r.entry.path.encode() + b"\0" + r.hash)
+            self._cut(records)
+            self.up.check()
+        if self.index is not None:
+            self.index.forget_files_under(spec.path, {e.abspath for e in entries})
+        stats.records = len(entries)
+        stats.hash = digest.hexdigest()
+        stats.bytes = sum(e.size for e in entries)
+        return stats
+
+    def _lookup(self, entry: FileEntry, display: str) -> _Record:
+        record = _Record(entry, display)
+        if self.index is not None:
+            hit = self.index.file(entry.abspath, entry.path, entry.size, entry.mtime_ns, self.scope)
+            if hit is not None:
+                record.hash, record.size, record.chunks, record.known = hit.hash, hit.size, hit.chunks, True
+        return record
+
+    def _load(self, records: list[_Record]) -> None:
+        """Read the files the index did not know: small ones whole (in parallel), big ones chunked."""
+        small = [r for r in records if not r.known and r.entry.size < self.chunk_options.threshold]
+        for r, data in zip(small, self.readers.map(lambda r: read_small_file(r.entry, r.display), small)):
+            r.data = data
+        for r in records:
+            if not r.known and r.data is None:
+                r.chunks = self._store_chunks(r.entry, r.display)
+        self.count_reads(sum(not r.known for r in records))
+        if self.progress is not None:
+            self.progress(sum(r.entry.size for r in records))
+
+    def count_reads(self, n: int) -> None:
+        with self._lock:
+            self.files_read += n
+
+    def _store_chunks(self, entry: FileEntry, display: str) -> tuple[str, ...]:
+        level = self.chunk_options.compression_level
+        futures = []
+        try:
+            with open(entry.abspath, "rb") as f:
+                for raw in iter_chunks(f, self.chunk_options):
+                    futures.append(self.up.submit(len(raw), _store_chunk, self.up, raw, level))
+        except OSError as e:
+            raise BadInputError(f"cannot read: {e.strerror or e}", subject=f"{display}/{entry.path}") from e
+        return tuple(f.result() for f in futures)
+
+    def _hash_fresh(self, records: list[_Record]) -> None:
+        fresh = [r for r in records if not r.known]
+        if not fresh:
+            return
+        batch = _batch(fresh)
+        digests = hash_records(batch)
+        hashes = digests.hashes.buffers()[1].to_pybytes()
+        for i, r in enumerate(fresh):
+            r.hash, r.size = hashes[16 * i : 16 * i + 16], int(digests.sizes[i])
+            if self.index is not None:
+                e = r.entry
+                self.index.remember_file(
+                    e.abspath,
+                    e.path,
+                    e.size,
+                    e.mtime_ns,
+                    self.scope,
+                    r.hash,
+                    r.size,
+                    r.chunks,
+                    read_started_ns=self.read_started_ns,
+                )
+
+    # ------------------------------------------------------------ shards
+
+    def _cut(self, records: list[_Record]) -> None:
+        hashes = _hash_array(records)
+        sizes = np.fromiter((r.size for r in records), np.int64, len(records))
+        start = 0
+        for end in self.cutter.feed(digest_prefixes(hashes), sizes):
+            self._emit(self.pending + records[start:end])
+            self.pending = []
+            start = end
+        self.pending.extend(records[start:])
+
+    def finish(self) -> list[ShardInfo]:
+        if self.pending:
+            self._emit(self.pending)
+            self.pending = []
+            self.cutter.reset()
+        return [f.result() for f in self.futures]
+
+    def close(self) -> None:
+        self.readers.shutdown(wait=True, cancel_futures=True)
+
+    def _emit(self, records: list[_Record]) -> None:
+        joined = b"".join([r.hash for r in records])
+        key = shard_key(FILES_SCHEMA, joined, self.key_prefix) if self.index is not None else None
+        build = _Builder(records, joined, self.up, self.chunk_options, self.count_reads)
+        weight = sum([r.size for r in records])
+        self.futures.append(
+            self.up.submit(weight, store_pending, self.up, build, key, self.options, self.index)
+        )
+
+
+class _Builder:
+    """Builds a shard's table when it must be encoded, reading files the index knew."""
+
+    def __init__(self, records, joined_hashes: bytes, up: Uploader, chunk_options: ChunkOptions, count_reads):
+        self.records, self.joined = records, joined_hashes
+        self.up, self.chunk_options, self.count_reads = up, chunk_options, count_reads
+
+    def __call__(self) -> PendingShard:
+        n = len(self.records)
+        hashes = pa.FixedSizeBinaryArray.from_buffers(RECORD_HASH_TYPE, n, [None, pa.py_buffer(self.joined)])
+        sizes = np.fromiter((r.size for r in self.records), np.int64, n)
+        known = False
+        for r in self.records:
+            if r.known:
+                known = True
+                if r.chunks is None:
+                    r.data = read_small_file(r.entry, r.display)
+                    self.count_reads(1)
+                else:
+                    self._restore_missing_chunks(r)
+        batch = _batch(self.records)
+        if known:
+            check = hash_records(batch).hashes
+            if not check.equals(hashes):
+                bad = next(r for r, a, b in zip(self.records, check, hashes) if a != b)
+                raise BadInputError(
+                    "file changed while being ingested (same size and mtime, other bytes)",
+                    subject=f"{bad.display}/{bad.entry.path}",
+                    hint="run the ingest again",
+                )
+        return PendingShard(pa.Table.from_batches([batch]), hashes, sizes)
+
+    def _restore_missing_chunks(self, r: _Record) -> None:
+        if all(self.up.objects.exists(c) for c in r.chunks):
+            return
+        level = self.chunk_options.compression_level
+        with open(r.entry.abspath, "rb") as f:
+            ids = tuple(_store_chunk(self.up, raw, level) for raw in iter_chunks(f, self.chunk_options))
+        if ids != r.chunks:
+            raise BadInputError(
+                "file changed while being ingested",
+                subject=f"{r.display}/{r.entry.path}",
+                hint="run the ingest again",
+            )
+
+
+def _store_chunk(up: Uploader, raw: bytes, level: int) -> str:
+    stored = pack_chunk(raw, level)
+    oid = up.objects.hash(stored)
+    up.put(oid, stored)
+    return oid
+
+
+def _batch(records: list[_Record]) -> pa.RecordBatch:
+    return files_batch(
+        [r.entry.path for r in records],
+        [r.entry.size for r in records],
+        [r.data if r.chunks is None else None for r in records],
+        [list(r.chunks) if r.chunks is not None else None for r in records],
+    )
+
+
+def _hash_array(records: list[_Record]) -> pa.FixedSizeBinaryArray:
+    buf = pa.py_buffer(b"".join(r.hash for r in records))
+    return pa.FixedSizeBinaryArray.from_buffers(RECORD_HASH_TYPE, len(records), [None, buf])
+
+
+def ingest_files(
+    specs: list[SourceSpec],
+    up: Uploader,
+    options: ShardOptions,
+    chunk_options: ChunkOptions,
+    index: IngestIndex | None,
+    *,
+    progress: Callable[[int], None] | None,
+    read_started_ns: int,
+) -> FilesOutcome:
+    """Walk the directories (or single files) of ``specs`` and store their records as shards."""
+    listings = [(spec, walk_files(spec.path, spec.display)) for spec in specs]
+    _check_unique(listings)
+    run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
+    try:
+        stats = [run.run_source(spec, entries) for spec, entries in listings]
+        shards = run.finish()
+    finally:
+        run.close()
+    return FilesOutcome(FILES_SCHEMA, shards, stats, run.files_read)
+
+
+def _groups(entries: list[FileEntry], threshold: int):
+    """Consecutive entries: at most ``_GROUP_FILES`` files or about ``_GROUP_BYTES`` of files
+    read whole (big files are chunked as a stream and do not count)."""
+    group, size = [], 0
+    for e in entries:
+        group.append(e)
+        size += e.size if e.size < threshold else 0
+        if len(group) >= _GROUP_FILES or size >= _GROUP_BYTES:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def _check_unique(listings) -> None:
+    if len(listings) < 2:
+        return
+    seen: dict[str, str] = {}
+    for spec, entries in listings:
+        for e in entries:
+            other = seen.setdefault(e.path, spec.display)
+            if other != spec.display:
+                raise BadInputError(
+                    f"path {e.path!r} is in both {other} and {spec.display}",
+                    subject=spec.display,
+                    hint="ingest the directories separately",
+                )

@@ -1,0 +1,164 @@
+"""The write side of ingest: a bounded pool that encodes, hashes and stores objects.
+
+zstd (inside Arrow's IPC writer and python-zstandard), BLAKE3 and file or socket writes
+all release the GIL, so encoding and uploading in worker threads runs on the other
+cores while the main thread reads and hashes records. Work in flight is bounded in bytes
+(:class:`Uploader` blocks the producer), so memory stays bounded for any input size.
+Only content-addressed objects are written; what they mean is decided by the caller.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from cachetier.objects import ObjectStore, object_key
+from datastore.ingestindex import IngestIndex
+from datastore.shards import PendingShard, ShardInfo, ShardOptions, encode_shard
+
+__all__ = ["Uploader", "read_ahead", "store_pending"]
+
+T = TypeVar("T")
+
+
+class Uploader:
+    """Run store jobs on ``workers`` threads with at most ``budget`` bytes of work in flight."""
+
+    def __init__(self, objects: ObjectStore, *, workers: int, budget: int):
+        self.objects = objects
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="tierdata-ingest")
+        self._budget = budget
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self._failure: BaseException | None = None
+        self._lock = threading.Lock()
+        self.new_objects = 0
+        self.new_bytes = 0
+        self.reused_shards = 0
+
+    def submit(self, weight: int, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue ``fn(*args)``, first waiting until ``weight`` more bytes fit the budget."""
+        with self._cond:
+            while self._inflight and self._inflight + weight > self._budget and self._failure is None:
+                self._cond.wait()
+            self._raise_failure()
+            self._inflight += weight
+        future = self._pool.submit(fn, *args)
+        future.add_done_callback(lambda f: self._done(weight, f))
+        return future
+
+    def _done(self, weight: int, future: Future) -> None:
+        with self._cond:
+            self._inflight -= weight
+            if not future.cancelled() and future.exception() is not None and self._failure is None:
+                self._failure = future.exception()
+            self._cond.notify_all()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def check(self) -> None:
+        """Raise the first error a job raised, so the producer stops early."""
+        with self._cond:
+            self._raise_failure()
+
+    def put(self, oid: str, data: bytes) -> bool:
+        """Store an object unless it exists; True when it was new. Safe in any thread."""
+        if self.objects.exists(oid):
+            return False
+        self.objects.store.put(object_key(oid), data)
+        with self._lock:
+            self.new_objects += 1
+            self.new_bytes += len(data)
+        return True
+
+    def count_reused(self) -> None:
+        with self._lock:
+            self.reused_shards += 1
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Wait for running jobs; with ``cancel``, drop the queued ones."""
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+
+    def __enter__(self) -> Uploader:
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        self.close(cancel=exc_type is not None)
+
+
+def store_pending(
+    up: Uploader,
+    pending: PendingShard | Callable[[], PendingShard],
+    key: str | None,
+    options: ShardOptions,
+    index: IngestIndex | None,
+) -> ShardInfo:
+    """Store one shard; reuse the index's shard id when it is known and stored.
+
+    ``pending`` may be a function that builds the shard, called only when needed.
+    """
+    if index is not None and key is not None:
+        known = index.shard(key)
+        if known is not None and up.objects.exists(known.hash):
+            up.count_reused()
+            return known
+    if callable(pending):
+        pending = pending()
+    encoded = encode_shard(pending, options)
+    up.put(encoded.hash, encoded.data)
+    if index is not None and key is not None:
+        index.remember_shard(key, encoded.info)
+    return encoded.info
+
+
+def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` in a background thread, at most ``depth`` items ahead.
+
+    Parsing in Arrow releases the GIL, so the next block is read and parsed while the
+    caller hashes and cuts the current one. Errors are re-raised in the caller; when the
+    caller stops early, the producer stops at its next item and closes ``items``.
+    """
+    slots: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def offer(entry: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer(("item", item)):
+                    return
+            offer(("done", None))
+        except BaseException as e:
+            offer(("error", e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="tierdata-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = slots.get()
+            if kind == "item":
+                yield value
+            elif kind == "done":
+                return
+            else:
+                raise value
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,125 @@
+"""The ``files`` dataset: a directory tree as records of path and bytes.
+
+Columns: ``path`` (POSIX, relative to the ingested directory), ``size`` (int64),
+``data`` (large_binary; null when chunked) and ``chunks`` (list<string> of chunk object
+ids; null when inline). Files are listed recursively and sorted by path (code-point
+order, which is also UTF-8 byte order), so the same tree gives the same records on any
+machine. Regular files and symlinks to files are read; symlinks to directories are not
+followed (no cycles); sockets, FIFOs and devices are left out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from cachetier.errors import BadInputError, NotFoundError
+
+__all__ = ["FILES_SCHEMA", "FileEntry", "files_batch", "is_files_schema", "read_small_file", "walk_files"]
+
+FILES_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("data", pa.large_binary()),
+        pa.field("chunks", pa.list_(pa.string())),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of a tree: its record path, where it is on disk, its size and mtime."""
+
+    path: str
+    abspath: str
+    size: int
+    mtime_ns: int
+
+
+def is_files_schema(schema: pa.Schema) -> bool:
+    """True when ``schema`` is the ``files`` dataset layout (hidden columns ignored)."""
+    visible = pa.schema([f for f in schema if not f.name.startswith("__")])
+    return visible.names == FILES_SCHEMA.names and all(
+        a.type.equals(b.type) for a, b in zip(visible, FILES_SCHEMA)
+    )
+
+
+def walk_files(root: str, display: str | None = None) -> list[FileEntry]:
+    """List the files below ``root`` (or ``root`` itself if it is a file), sorted by path."""
+    display = display or root
+    try:
+        st = os.stat(root)
+    except FileNotFoundError as e:
+        raise NotFoundError("no such file or directory", subject=display) from e
+    if not os.path.isdir(root):
+        return [FileEntry(_checked_name(os.path.basename(root), display), root, st.st_size, st.st_mtime_ns)]
+    entries: list[FileEntry] = []
+    _walk(root, "", display, entries)
+    entries.sort(key=lambda e: e.path)
+    return entries
+
+
+def _walk(folder: str, prefix: str, display: str, out: list[FileEntry]) -> None:
+    try:
+        listing = list(os.scandir(folder))
+    except PermissionError as e:
+        raise BadInputError("permission denied", subject=os.path.join(display, prefix)) from e
+    for entry in listing:
+        rel = f"{prefix}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            _walk(entry.path, rel + "/", display, out)
+            continue
+        try:
+            if not entry.is_file():
+                continue
+            st = entry.stat()
+        except FileNotFoundError:
+            continue  # vanished while listing, or a dangling symlink
+        out.append(FileEntry(_checked_name(rel, display), entry.path, st.st_size, st.st_mtime_ns))
+
+
+def _checked_name(rel: str, display: str) -> str:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise BadInputError(
+            f"file name {shown!r} is not valid UTF-8", subject=display, hint="rename the file"
+        ) from e
+    return rel
+
+
+def read_small_file(entry: FileEntry, display: str) -> bytes:
+    """Read a whole file; a size different from the listing means it changed under us."""
+    try:
+        with open(entry.abspath, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise BadInputError("file vanished while being ingested", subject=f"{display}/{entry.path}") from e
+    except PermissionError as e:
+        raise BadInputError("permission denied", subject=f"{display}/{entry.path}") from e
+    if len(data) != entry.size:
+        raise BadInputError(
+            "file changed while being ingested",
+            subject=f"{display}/{entry.path}",
+            hint="run the ingest again",
+        )
+    return data
+
+
+def files_batch(
+    paths: list[str], sizes: list[int], data: list[bytes | None], chunks: list[list[str] | None]
+) -> pa.RecordBatch:
+    """Build a ``files`` record batch from columns of Python values."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(paths, pa.string()),
+            pa.array(sizes, pa.int64()),
+            pa.array(data, pa.large_binary()),
+            pa.array(chunks, pa.list_(pa.string())),
+        ],
+        schema=FILES_SCHEMA,
+    )

@@ -1,0 +1,203 @@
+"""The ingest index: what earlier ingests learned, so a re-ingest redoes only the change.
+
+A workspace-local cache file (JSON; about 150 bytes per file, loads 20,000 entries in a
+few tens of milliseconds) that remembers:
+
+- per source **file** of a ``files`` ingest, keyed by absolute path and checked against
+  (record path, size, mtime_ns): the record's hash, canonical size and chunk ids, so an
+  unchanged file is not read again;
+- per **shard**, keyed by the hash of its options, schema and record hashes: the stored
+  shard's id and counts, so an unchanged shard is not encoded again (its object is
+  checked to exist before it is reused);
+- per tabular **source** (path, size, mtime_ns): the schema the last ingest settled on,
+  so a source whose types widen midway does not restart the ingest every time.
+
+It is a cache: a missing, unreadable or foreign (other repository, other format) index
+is an empty one, and losing it costs time, never correctness. Like git and DVC it trusts
+size and mtime; a file modified within ``RACY_NS`` of being read is not remembered, so
+an edit in the same clock tick as the ingest is not missed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from datastore.shards import ShardInfo
+
+__all__ = ["RACY_NS", "FileHit", "IngestIndex"]
+
+INDEX_FORMAT = 1
+RACY_NS = 100_000_000  # 0.1 s: above the mtime granularity of ext4, xfs, btrfs, tmpfs
+_SHARD_CAPACITY = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class FileHit:
+    """What the index knows of an unchanged file's record."""
+
+    hash: bytes  # 16-byte record hash
+    size: int  # canonical record size
+    chunks: tuple[str, ...] | None
+
+
+class IngestIndex:
+    """Load with :meth:`load`, query and update during an ingest, then :meth:`save`."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, repo: str = ""):
+        self.path = Path(path) if path is not None else None
+        self.repo = repo
+        self._files: dict[str, list] = {}
+        self._file_scope = ""
+        self._shards: dict[str, list] = {}
+        self._schemas: dict[str, list] = {}
+        self._generation = 0
+        self.dirty = False
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, repo: str = "") -> IngestIndex:
+        """Read the index at ``path``; anything unusable gives an empty index."""
+        index = cls(path, repo)
+        try:
+            raw = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError):
+            return index
+        if not isinstance(raw, dict) or raw.get("format") != INDEX_FORMAT or raw.get("repo") != repo:
+            return index
+        try:
+            index._files = dict(raw["files"])
+            index._file_scope = str(raw["file_scope"])
+            index._shards = dict(raw["shards"])
+            index._schemas = dict(raw["schemas"])
+            index._generation = int(raw["generation"]) + 1
+        except (KeyError, TypeError, ValueError):
+            return cls(path, repo)
+        return index
+
+    # ---------------------------------------------------------------- files
+
+    def file(self, abspath: str, rel: str, size: int, mtime_ns: int, scope: str) -> FileHit | None:
+        """The remembered record of a file, if it has the same path, size and mtime."""
+        if scope != self._file_scope:
+            return None
+        entry = self._files.get(abspath)
+        if entry is None or entry[0] != rel or entry[1] != size or entry[2] != mtime_ns:
+            return None
+        chunks = entry[5]
+        return FileHit(bytes.fromhex(entry[3]), entry[4], tuple(chunks) if chunks is not None else None)
+
+    def remember_file(
+        self,
+        abspath: str,
+        rel: str,
+        size: int,
+        mtime_ns: int,
+        scope: str,
+        record_hash: bytes,
+        record_size: int,
+        chunks: tuple[str, ...] | list[str] | None,
+        *,
+        read_started_ns: int,
+    ) -> None:
+        """Remember a file's record, unless its mtime is too recent to be trusted."""
+        if mtime_ns >= read_started_ns - RACY_NS:
+            self._files.pop(abspath, None)
+            return
+        if scope != self._file_scope:
+            self._files.clear()
+            self._file_scope = scope
+        self._files[abspath] = [
+            rel,
+            size,
+            mtime_ns,
+            record_hash.hex(),
+            int(record_size),
+            list(chunks) if chunks is not None else None,
+        ]
+        self.dirty = True
+
+    def forget_files_under(self, root: str, keep: set[str]) -> None:
+        """Drop entries below ``root`` that the latest walk did not see (deleted files)."""
+        prefix = root.rstrip(os.sep) + os.sep
+        stale = [p for p in self._files if (p == root or p.startswith(prefix)) and p not in keep]
+        for p in stale:
+            del self._files[p]
+        self.dirty = self.dirty or bool(stale)
+
+    # ---------------------------------------------------------------- shards
+
+    def shard(self, key: str) -> ShardInfo | None:
+        """The stored shard with these exact records and options, if one was made before."""
+        entry = self._shards.get(key)
+        if entry is None:
+            return None
+        entry[5] = self._generation
+        return ShardInfo(entry[0], entry[1], entry[2], entry[3], tuple(entry[4]))
+
+    def remember_shard(self, key: str, info: ShardInfo) -> None:
+        """Remember which shard these records and options made."""
+        self._shards[key] = [
+            info.hash,
+            info.records,
+            info.bytes,
+            info.uncompressed_bytes,
+            list(info.chunks),
+            self._generation,
+        ]
+        self.dirty = True
+
+    # ---------------------------------------------------------------- schemas
+
+    def schema_hint(self, abspath: str, size: int, mtime_ns: int) -> pa.Schema | None:
+        """The schema an earlier ingest of this unchanged source settled on."""
+        entry = self._schemas.get(abspath)
+        if entry is None or entry[0] != size or entry[1] != mtime_ns:
+            return None
+        try:
+            return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(entry[2])))
+        except (ValueError, pa.ArrowInvalid):
+            return None
+
+    def remember_schema(self, abspath: str, size: int, mtime_ns: int, schema: pa.Schema) -> None:
+        """Remember the schema a source was read with."""
+        encoded = base64.b64encode(schema.serialize().to_pybytes()).decode()
+        self._schemas[abspath] = [size, mtime_ns, encoded]
+        self.dirty = True
+
+    # ---------------------------------------------------------------- persistence
+
+    def save(self) -> None:
+        """Write the index atomically (temp file + rename); a no-op without a path or changes."""
+        if self.path is None or not self.dirty:
+            return
+        if len(self._shards) > _SHARD_CAPACITY:
+            newest = sorted(self._shards.items(), key=lambda kv: kv[1][5], reverse=True)
+            self._shards = dict(newest[:_SHARD_CAPACITY])
+        payload = {
+            "format": INDEX_FORMAT,
+            "repo": self.repo,
+            "generation": self._generation,
+            "file_scope": self._file_scope,
+            "files": self._files,
+            "shards": self._shards,
+            "schemas": self._schemas,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".ingest-index.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.dirty = False
+
+    def __len__(self) -> int:
+        return len(self._files) + len(self._shards)

@@ -1,0 +1,146 @@
+"""The RAM tier: zero-copy hits, budget in real tmpfs blocks, crash safety, damage detection."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cachetier.errors import NotFoundError, StoreUnavailableError
+from cachetier.ramtier import RamTier
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def allocated(root: Path) -> int:
+    """What tmpfs really holds for the tier: allocated blocks of every file in it."""
+    return sum(p.stat().st_blocks * 512 for p in (root / "v").iterdir())
+
+
+def test_round_trip_and_store_interface(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=1 << 20)
+    tier.put("a", b"alpha")
+    tier.put("oid:decoded", b"decoded form")
+    tier.put(".hidden/slash", b"odd key")
+    assert tier.get("a") == b"alpha"
+    assert tier.get("oid:decoded", byte_range=(0, 7)) == b"decoded"
+    assert tier.get(".hidden/slash") == b"odd key"
+    assert sorted(i.key for i in tier.list()) == [".hidden/slash", "a", "oid:decoded"]
+    assert [i.size for i in tier.list("oid")] == [12]
+    tier.put("a", b"replaced")
+    assert tier.get("a") == b"replaced"
+    tier.delete("a")
+    assert not tier.exists("a")
+    with pytest.raises(NotFoundError):
+        tier.get("a")
+
+
+def test_a_hit_is_a_view_of_the_mapped_file(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=8 << 20)
+    value = os.urandom(4 << 20)
+    tier.put("shard", value)
+    view = tier.view("shard")
+    assert isinstance(view.obj, mmap.mmap)  # the bytes are the file's pages: nothing copied
+    assert view.readonly and view.nbytes == len(value) and view == value
+    tier.delete("shard")
+    assert view[:64] == value[:64]  # an evicted value stays readable through a held view
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(["put", "delete"]), st.integers(0, 15), st.integers(0, 200_000)),
+                 min_size=1, max_size=40),
+)  # fmt: skip
+def test_allocated_bytes_never_exceed_the_budget(shm_dir: Path, ops) -> None:
+    budget = 512 << 10
+    tier = RamTier(shm_dir / f"t{random.getrandbits(32)}", budget=budget)
+    for op, key, size in ops:
+        if op == "put":
+            stored = tier.admit(f"k{key}", os.urandom(size))
+            assert stored or size + 32 > budget
+        else:
+            tier.delete(f"k{key}")
+        assert allocated(tier.root) <= budget
+        assert tier.usage()["bytes_used"] == allocated(tier.root)
+
+
+def test_damaged_file_is_detected_and_dropped(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=1 << 20)
+    tier.put("x", b"payload" * 100)
+    path = next((shm_dir / "v").iterdir())
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(raw)
+    assert tier.view("x") is None
+    assert tier.counters.corrupt == 1 and not tier.exists("x")
+    tier.put("y", b"abc")
+    (shm_dir / "v" / "y").write_bytes(b"")  # truncated to nothing
+    assert tier.view("y") is None
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    from cachetier.ramtier import RamTier
+    tier = RamTier(sys.argv[1], budget=64 << 20)
+    tier.put("done", b"complete value")
+    original = os.pwrite
+    def slow_pwrite(fd, data, offset):
+        n = original(fd, bytes(data)[:1000], offset)   # write a little, then hang mid-value
+        print("writing", flush=True)
+        time.sleep(60)
+        return n
+    os.pwrite = slow_pwrite
+    tier.put("torn", os.urandom(8 << 20))
+    """
+)
+
+
+def test_kill_9_mid_write_leaves_nothing_that_breaks_the_next_run(shm_dir: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(shm_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        temps = [p for p in (shm_dir / "v").iterdir() if p.name.startswith(".tmp.")]
+        assert temps, "the writer should be mid-write"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    tier = RamTier(shm_dir, budget=64 << 20)
+    assert tier.view("torn") is None  # never visible half-written
+    assert tier.get("done") == b"complete value"
+    start = time.monotonic()
+    tier.put("next", b"the lock was released by the kernel")
+    assert time.monotonic() - start < 5
+    assert not [p for p in (shm_dir / "v").iterdir() if p.name.startswith(".tmp.")]  # cleaned
+    assert tier.usage()["bytes_used"] == allocated(shm_dir)
+
+
+def test_refused_and_oversized_values(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=64 << 10)
+    assert tier.admit("big", os.urandom(100 << 10)) is False
+    assert tier.admit("a", os.urandom(40 << 10))
+    assert tier.admit("b", os.urandom(40 << 10), lambda missing, residents, txn: None) is False
+    assert tier.counters.rejections == 1 and tier.exists("a")
+    assert tier.admit("b", os.urandom(40 << 10), lambda m, rs, txn: [r.key for r in rs])
+    assert not tier.exists("a") and tier.exists("b")
+
+
+def test_unusable_folder_raises_store_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    tier = RamTier(blocker / "ram", budget=1 << 20)
+    with pytest.raises(StoreUnavailableError, match="file"):
+        tier.put("k", b"v")
+    assert tier.view("k") is None

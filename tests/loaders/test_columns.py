@@ -1,0 +1,94 @@
+"""Arrow types to torch values, through real shard files, in batch and per-sample mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from loaders import ArrowFileSource, StreamingDataset
+from loaders.columns import NumericKind, kind_of
+
+
+@pytest.fixture
+def typed_source(tmp_path):
+    table = pa.table(
+        {
+            "i8": pa.array([1, -2, 3], pa.int8()),
+            "u16": pa.array([1, 2, 65535], pa.uint16()),
+            "f": pa.array([1.5, None, 3.0], pa.float32()),
+            "n": pa.array([None, 5, 6], pa.int64()),
+            "flag": pa.array([True, False, True]),
+            "img": pa.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]],
+                            pa.list_(pa.list_(pa.uint8(), 2), 2)),
+            "when": pa.array([dt.datetime(2024, 1, 1), None, dt.datetime(2024, 1, 2)], pa.timestamp("us")),
+            "day": pa.array([dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)], pa.date32()),
+            "ragged": pa.array([[1.0], None, [2.0, 3.0, 4.0]], pa.large_list(pa.float64())),
+            "blob": pa.array([b"a", None, b"ccc"], pa.large_binary()),
+            "cat": pa.array(["x", "y", "x"]).dictionary_encode(),
+            "meta": pa.array([{"a": 1}, {"a": 2}, None], pa.struct([("a", pa.int32())])),
+        }
+    )
+    path = tmp_path / "typed.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(
+        sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")
+    ) as writer:
+        writer.write_table(table, max_chunksize=2)
+    return ArrowFileSource([path])
+
+
+def test_every_type_becomes_the_documented_batch_value(typed_source):
+    batch = next(iter(StreamingDataset(typed_source, batch_size=3)))
+    assert batch["i8"].dtype == torch.int8 and batch["i8"].tolist() == [1, -2, 3]
+    assert batch["u16"].dtype == torch.uint16 and batch["u16"].to(torch.int32).tolist() == [1, 2, 65535]
+    f = batch["f"]
+    assert f.dtype == torch.float32 and f[0] == 1.5 and torch.isnan(f[1]) and f[2] == 3.0
+    assert batch["n"].tolist() == [0, 5, 6]
+    assert batch["flag"].dtype == torch.bool and batch["flag"].tolist() == [True, False, True]
+    assert batch["img"].shape == (3, 2, 2) and batch["img"][2].tolist() == [[9, 10], [11, 12]]
+    assert batch["when"].dtype == torch.int64 and batch["when"][1] == 0
+    assert batch["when"][2] - batch["when"][0] == 86_400_000_000
+    assert batch["day"].dtype == torch.int32 and batch["day"].tolist() == [19723, 19724, 19725]
+    assert batch["ragged"].tolist() == [[1.0, 0, 0], [0, 0, 0], [2.0, 3.0, 4.0]]
+    assert batch["ragged_lengths"].tolist() == [1, 0, 3]
+    assert batch["blob"] == [b"a", None, b"ccc"]
+    assert batch["cat"] == ["x", "y", "x"]
+    assert batch["meta"] == [{"a": 1}, {"a": 2}, None]
+
+
+def test_per_sample_values(typed_source):
+    samples = list(StreamingDataset(typed_source, columns=["i8", "img", "ragged", "blob", "cat"]))
+    assert [s["i8"] for s in samples] == [1, -2, 3]
+    assert samples[1]["img"].tolist() == [[5, 6], [7, 8]]
+    assert [s["ragged"].tolist() for s in samples] == [[1.0], [], [2.0, 3.0, 4.0]]
+    assert samples[2]["blob"] == b"ccc" and samples[0]["cat"] == "x"
+
+
+def test_shuffled_batches_gather_the_same_values(typed_source):
+    rows = {}
+    for batch in StreamingDataset(typed_source, batch_size=2, shuffle=True, shuffle_window=1):
+        for i, v, r in zip(batch["i8"].tolist(), batch["img"], batch["ragged_lengths"].tolist()):
+            rows[i] = (v.tolist(), r)
+    assert rows == {1: ([[1, 2], [3, 4]], 1), -2: ([[5, 6], [7, 8]], 0), 3: ([[9, 10], [11, 12]], 3)}
+
+
+def test_batches_own_their_memory_and_never_pin_a_shard():
+    kind = kind_of(pa.int64())
+    assert isinstance(kind, NumericKind)
+    data = kind.prepare([pa.array(np.arange(10, dtype=np.int64)), pa.array(np.arange(10, 20, dtype=np.int64))])
+    out: dict = {}
+    kind.emit("x", kind.take(data, slice(2, 5)), out)
+    tensor = out["x"]
+    assert tensor.tolist() == [2, 3, 4]
+    assert tensor.untyped_storage().nbytes() == 3 * 8, "a slice must not share the shard's storage"
+    tensor += 1  # writable, and the shard is unchanged
+    assert data[2] == 2
+    other = kind.prepare([pa.array(np.arange(100, 110, dtype=np.int64))])
+    kind.emit("x", kind.gather([data, other], np.array([1, 0, 1, 0]), np.array([3, 15, 0, 1])), out)
+    assert out["x"].tolist() == [103, 15, 100, 1]
+    strings = kind_of(pa.string())
+    a, b = strings.prepare([pa.array(["a", "b"])]), strings.prepare([pa.array(["c", "d"])])
+    assert strings.gather([a, b], np.array([1, 0, 0, 1]), np.array([1, 1, 0, 0])).to_pylist() == ["d", "b", "a", "c"]

@@ -1,0 +1,256 @@
+"""StreamingDataLoader with real DataLoader worker processes: coverage, resume, robustness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from cachetier.errors import UsageError
+from loaders import DevicePrefetcher, StreamingDataLoader, StreamingDataset
+from tests.loaders._shards import IpcShardSource, write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ids_of(batches) -> list[int]:
+    return [i for b in batches for i in b["id"].tolist()]
+
+
+def take(iterator, n: int) -> list:
+    out = []
+    for _ in range(n):
+        item = next(iterator, None)
+        if item is None:
+            break
+        out.append(item)
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@pytest.mark.parametrize(("shuffle", "drop_last"), [(False, False), (True, False), (True, True)])
+def test_every_record_once_in_the_same_order_for_any_worker_count(source, total_records, num_workers, shuffle,
+                                                                   drop_last):
+    ds = StreamingDataset(source, shuffle=shuffle, seed=3, batch_size=16, drop_last=drop_last)
+    loader = StreamingDataLoader(ds, num_workers=num_workers)
+    got = ids_of(loader)
+    expected = ids_of(StreamingDataset(source, shuffle=shuffle, seed=3, batch_size=16, drop_last=drop_last))
+    assert got == expected, "the delivered order depends on num_workers"
+    assert len(set(got)) == len(got) == total_records - (total_records % 16 if drop_last else 0)
+    assert len(loader) == -(-len(got) // 16)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_per_sample_mode_is_batched_by_the_loader(source, total_records, num_workers):
+    ds = StreamingDataset(source, columns=["id", "tokens", "text"], shuffle=True)
+    loader = StreamingDataLoader(ds, batch_size=10, num_workers=num_workers, drop_last=True)
+    batches = list(loader)
+    assert all(b["tokens"].shape == (10, 4) and len(b["text"]) == 10 for b in batches)
+    got = ids_of(batches)
+    assert len(got) == len(set(got)) == total_records - total_records % 10
+    assert loader.state_dict()["consumed"] == len(got)
+
+
+def test_more_ranks_and_workers_than_shards_neither_hang_nor_repeat(tmp_path, monkeypatch):
+    folder = tmp_path / "few"
+    sizes = [7, 4]
+    write_shards(folder, sizes)
+    world = 3
+    per_rank = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        ds = StreamingDataset(IpcShardSource.from_folder(folder), shuffle=True, batch_size=1)
+        per_rank.append(ids_of(StreamingDataLoader(ds, num_workers=4, timeout=60)))
+    assert [len(r) for r in per_rank] == [3, 3, 3]
+    flat = [i for r in per_rank for i in r]
+    assert len(set(flat)) == 9
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    ds = StreamingDataset(IpcShardSource.from_folder(folder), batch_size=2)
+    assert sorted(ids_of(StreamingDataLoader(ds, num_workers=4, timeout=60))) == list(range(11))
+
+
+def test_batches_prefetched_but_not_delivered_are_not_counted(source):
+    ds = StreamingDataset(source, shuffle=True, batch_size=8)
+    loader = StreamingDataLoader(ds, num_workers=2, prefetch_factor=4)
+    it = iter(loader)
+    take(it, 3)
+    time.sleep(0.3)  # let the workers run ahead
+    assert loader.state_dict()["consumed"] == 24
+    del it
+
+
+def test_resume_in_a_fresh_process_for_any_worker_count(source, total_records, shard_folder):
+    jobs, expected_full = [], None
+    for saved_with, resumed_with, cut in [(0, 0, 5), (1, 1, 1), (2, 2, 7), (4, 4, 3), (2, 0, 4), (0, 4, 9)]:
+        ds = StreamingDataset(source, shuffle=True, seed=11, batch_size=8)
+        ds.set_epoch(1)
+        loader = StreamingDataLoader(ds, num_workers=saved_with)
+        it = iter(loader)
+        before = ids_of(take(it, cut))
+        del it
+        jobs.append({"state": loader.state_dict(), "num_workers": resumed_with, "before": before})
+    full = StreamingDataset(source, shuffle=True, seed=11, batch_size=8)
+    full.set_epoch(1)
+    expected_full = ids_of(full)
+    spec = {"folder": str(shard_folder), "seed": 11, "batch_size": 8, "jobs": jobs}
+    out = subprocess.run([sys.executable, "-m", "tests.loaders._resume_child", json.dumps(spec)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    for job, after in zip(jobs, results):
+        assert job["before"] + after == expected_full, f"resume saved with {job}"
+
+
+@given(cut=st.integers(0, 40), num_workers=st.sampled_from([0, 2]), shuffle=st.booleans(),
+       batch_size=st.sampled_from([5, 16]))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_resume_at_any_cut_point_with_workers(source, total_records, cut, num_workers, shuffle, batch_size):
+    ds = StreamingDataset(source, shuffle=shuffle, batch_size=batch_size)
+    loader = StreamingDataLoader(ds, num_workers=num_workers, prefetch_factor=3 if num_workers else None)
+    it = iter(loader)
+    before = ids_of(take(it, cut))
+    del it
+    state = loader.state_dict()
+    fresh = StreamingDataLoader(StreamingDataset(source, shuffle=shuffle, batch_size=batch_size),
+                                num_workers=2 - num_workers)
+    fresh.load_state_dict(state)
+    fresh.streaming_dataset.set_epoch(0)
+    assert sorted(before + ids_of(fresh)) == list(range(total_records))
+
+
+def _rank_run(source, monkeypatch, rank, world, state, batches, num_workers=2):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    ds = StreamingDataset(source, shuffle=True, seed=4, batch_size=8)
+    loader = StreamingDataLoader(ds, num_workers=num_workers)
+    if state is not None:
+        loader.load_state_dict(state)
+        ds.set_epoch(state["epoch"])
+    it = iter(loader)
+    got = ids_of(take(it, batches) if batches is not None else it)
+    del it
+    return got, loader.state_dict()
+
+
+def test_elastic_resume_from_two_ranks_to_one(source, total_records, monkeypatch):
+    seen, states = [], []
+    for rank in range(2):
+        got, state = _rank_run(source, monkeypatch, rank, 2, None, batches=6)
+        seen += got
+        states.append(state)
+    assert states[0] == states[1] and states[0]["consumed"] == 2 * 6 * 8
+    got, _ = _rank_run(source, monkeypatch, 0, 1, states[0], batches=None, num_workers=1)
+    seen += got
+    assert sorted(seen) == list(range(total_records))
+
+
+def test_elastic_resume_from_one_rank_to_three(source, total_records, monkeypatch):
+    seen, state = _rank_run(source, monkeypatch, 0, 1, None, batches=5)
+    for rank in range(3):
+        got, _ = _rank_run(source, monkeypatch, rank, 3, state, batches=None)
+        seen += got
+    assert len(seen) == len(set(seen))
+    assert total_records - len(seen) < 3
+
+
+def test_persistent_workers_follow_epochs_and_loaded_states(source, total_records):
+    def epoch_order(epoch):
+        ds = StreamingDataset(source, shuffle=True, batch_size=16)
+        ds.set_epoch(epoch)
+        return ids_of(ds)
+
+    ds = StreamingDataset(source, shuffle=True, batch_size=16)
+    loader = StreamingDataLoader(ds, num_workers=2, persistent_workers=True)
+    assert ids_of(loader) == epoch_order(0)
+    assert ids_of(loader) == epoch_order(1)
+    it = iter(loader)
+    part = ids_of(take(it, 4))
+    del it
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    assert part + ids_of(loader) == epoch_order(2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_works_under_torchdata_stateful_dataloader(source, total_records, num_workers):
+    def make():
+        return StatefulDataLoader(StreamingDataset(source, shuffle=True, batch_size=8), batch_size=None,
+                                  num_workers=num_workers)
+
+    loader = make()
+    it = iter(loader)
+    before = ids_of(take(it, 7))
+    state = loader.state_dict()
+    del it
+    json.dumps(state)
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = ids_of(resumed)
+    assert sorted(before + after) == list(range(total_records))
+
+
+def test_stateful_dataloader_in_per_sample_mode(source, total_records):
+    def make():
+        ds = StreamingDataset(source, columns=["id", "tokens"], shuffle=True)
+        return StatefulDataLoader(ds, batch_size=6, num_workers=2)
+
+    loader = make()
+    it = iter(loader)
+    before = ids_of(take(it, 9))
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert sorted(before + ids_of(resumed)) == list(range(total_records))
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_surfaces_as_an_error_not_a_hang(tmp_path):
+    folder = tmp_path / "many"
+    write_shards(folder, [400] * 5)
+    ds = StreamingDataset(IpcShardSource.from_folder(folder), batch_size=2)
+    loader = StreamingDataLoader(ds, num_workers=2, prefetch_factor=1)
+    it = iter(loader)
+    take(it, 4)
+    import psutil
+
+    workers = psutil.Process().children()
+    assert workers
+    os.kill(workers[0].pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited unexpectedly|killed"):
+        for _ in it:
+            pass
+    assert time.monotonic() - started < 30
+
+
+def test_loader_refuses_conflicting_batching(source):
+    with pytest.raises(UsageError, match="batch_size"):
+        StreamingDataLoader(StreamingDataset(source, batch_size=4), batch_size=4)
+    with pytest.raises(UsageError, match="shuffle"):
+        StreamingDataLoader(StreamingDataset(source), shuffle=True)
+
+
+def test_device_prefetcher_is_a_pass_through_without_a_gpu(source):
+    ds = StreamingDataset(source, batch_size=32)
+    loader = StreamingDataLoader(ds)
+    device = DevicePrefetcher(loader, "cuda" if torch.cuda.is_available() else "cpu")
+    it = iter(device)
+    first = next(it)
+    assert first["id"].tolist() == list(range(32))
+    if not device.active:
+        assert device.state_dict()["consumed"] == 32
+    del it

@@ -1,0 +1,202 @@
+"""StreamingDataset iterated in the training process: coverage, content, state, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cachetier.errors import BadInputError, UsageError
+from loaders import ArrowFileSource, StreamingDataset
+from tests.loaders._shards import IpcShardSource
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def ids_of(items) -> list[int]:
+    out = []
+    for item in items:
+        ids = item["id"]
+        out.extend(ids.tolist() if isinstance(ids, torch.Tensor) else [ids])
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 1, 16, 300])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_one_rank_gets_every_record_once(source, total_records, shuffle, batch_size, drop_last):
+    ds = StreamingDataset(source, shuffle=shuffle, seed=7, batch_size=batch_size, drop_last=drop_last)
+    got = ids_of(ds)
+    assert len(got) == len(set(got))
+    dropped = total_records % batch_size if (batch_size and drop_last) else 0
+    assert len(got) == total_records - dropped
+    if not shuffle:
+        assert got == list(range(len(got)))
+    if batch_size:
+        assert len(ds) == len(list(StreamingDataset(source, batch_size=batch_size, drop_last=drop_last)))
+
+
+def test_batches_are_built_column_wise_with_the_documented_types(source):
+    ds = StreamingDataset(source, batch_size=8, shuffle=True)
+    batch = next(iter(ds))
+    ids = batch["id"]
+    assert ids.dtype == torch.int64 and ids.shape == (8,)
+    assert batch["tokens"].dtype == torch.int32 and batch["tokens"].shape == (8, 4)
+    assert torch.equal(batch["tokens"], (ids[:, None] * 10 + torch.arange(4)).int())
+    assert batch["text"] == [f"record-{i}" for i in ids.tolist()]
+    lengths = batch["var_lengths"]
+    assert lengths.tolist() == [i % 5 for i in ids.tolist()]
+    assert batch["var"].shape == (8, int(lengths.max()))
+    for row, n in zip(batch["var"], lengths.tolist()):
+        assert row[:n].tolist() == list(range(n)) and not row[n:].any()
+    assert "__record_hash" not in batch
+
+
+def test_per_sample_mode_yields_plain_values_and_applies_transform(source):
+    ds = StreamingDataset(source, columns=["id", "tokens", "var", "text"], transform=lambda s: {**s, "twice": 2 * s["id"]})
+    sample = next(iter(ds))
+    assert sample["id"] == 0 and sample["twice"] == 0 and sample["text"] == "record-0"
+    assert isinstance(sample["tokens"], torch.Tensor) and sample["tokens"].tolist() == [0, 1, 2, 3]
+    assert sample["var"].tolist() == []
+
+
+def test_batch_transform_sees_the_whole_batch(source):
+    ds = StreamingDataset(source, batch_size=10, transform=lambda b: b["id"].sum().item())
+    assert next(iter(ds)) == sum(range(10))
+
+
+def test_columns_are_selected_and_a_missing_one_is_named(source):
+    ds = StreamingDataset(source, columns=["text"], batch_size=4)
+    assert set(next(iter(ds))) == {"text"}
+    with pytest.raises(BadInputError, match="nope"):
+        next(iter(StreamingDataset(ArrowFileSource(source.paths), columns=["nope"], batch_size=4)))
+    with pytest.raises(BadInputError, match="columns"):
+        StreamingDataset(source, columns=[])
+
+
+def test_hidden_columns_are_dropped_even_if_the_source_keeps_them(shard_folder):
+    class Leaky(IpcShardSource):
+        def read_shard(self, shard_id, columns=None):
+            import pyarrow as pa
+
+            with open(self._by_id[shard_id], "rb") as f:
+                return pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
+
+    ds = StreamingDataset(Leaky.from_folder(shard_folder), batch_size=4)
+    assert "__record_hash" not in next(iter(ds))
+
+
+def test_ranks_from_the_environment_are_disjoint_and_equal(source, total_records, monkeypatch):
+    world = 3
+    per_rank = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        per_rank.append(ids_of(StreamingDataset(source, shuffle=True, batch_size=8)))
+    assert len({len(r) for r in per_rank}) == 1
+    flat = [i for r in per_rank for i in r]
+    assert len(flat) == len(set(flat)) == total_records - total_records % world
+
+
+def test_order_is_reproducible_and_changes_with_epoch_and_seed(source):
+    def order(seed, epoch):
+        ds = StreamingDataset(source, shuffle=True, seed=seed, batch_size=32)
+        ds.set_epoch(epoch)
+        return ids_of(ds)
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(1, 1)
+    assert order(1, 0) != order(2, 0)
+    assert sorted(order(1, 1)) == sorted(order(2, 3))
+
+
+def test_a_new_iteration_continues_and_then_advances_the_epoch(source, total_records):
+    ds = StreamingDataset(source, shuffle=True, batch_size=10)
+    it = iter(ds)
+    first = ids_of([next(it) for _ in range(3)])
+    del it
+    rest = ids_of(ds)
+    assert sorted(first + rest) == list(range(total_records))
+    assert ds.epoch == 0
+    epoch1 = ids_of(ds)
+    assert ds.epoch == 1 and sorted(epoch1) == list(range(total_records)) and epoch1 != first + rest
+
+
+@given(cut=st.integers(0, 40), batch_size=st.sampled_from([None, 1, 7, 32]), shuffle=st.booleans())
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_resume_from_any_cut_repeats_and_skips_nothing(source, total_records, cut, batch_size, shuffle):
+    ds = StreamingDataset(source, shuffle=shuffle, seed=5, batch_size=batch_size)
+    ds.set_epoch(2)
+    it = iter(ds)
+    before = []
+    for _ in range(cut):
+        item = next(it, None)
+        if item is None:
+            break
+        before.append(item)
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert len(json.dumps(state)) < 1024
+    fresh = StreamingDataset(IpcShardSource(source.paths, [n for _, n in source.shards]), shuffle=shuffle, seed=5,
+                             batch_size=batch_size)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(2)  # as a training loop does; keeps the loaded position of epoch 2
+    after = ids_of(fresh)
+    got = ids_of(before) + after
+    assert sorted(got) == list(range(total_records))
+    full = StreamingDataset(source, shuffle=shuffle, seed=5, batch_size=batch_size)
+    full.set_epoch(2)
+    assert got == ids_of(full), "the resumed order differs from an uninterrupted epoch"
+
+
+def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next(source, total_records):
+    ds = StreamingDataset(source, shuffle=True, batch_size=64)
+    assert sorted(ids_of(ds)) == list(range(total_records))
+    state = ds.state_dict()
+    assert (state["epoch"], state["consumed"]) == (0, total_records)
+    fresh = StreamingDataset(source, shuffle=True, batch_size=64)
+    fresh.load_state_dict(state)
+    expected = StreamingDataset(source, shuffle=True, batch_size=64)
+    expected.set_epoch(1)
+    assert ids_of(fresh) == ids_of(expected)
+
+
+def test_state_from_another_version_seed_or_plan_is_refused(source):
+    state = StreamingDataset(source, shuffle=True, seed=1).state_dict()
+    other_version = IpcShardSource(source.paths, [n for _, n in source.shards], version_id="v-other")
+    with pytest.raises(UsageError, match="version"):
+        StreamingDataset(other_version, shuffle=True, seed=1).load_state_dict(state)
+    with pytest.raises(UsageError, match="seed=1"):
+        StreamingDataset(source, shuffle=True, seed=2).load_state_dict(state)
+    with pytest.raises(UsageError, match="shuffle"):
+        StreamingDataset(source, shuffle=False, seed=1).load_state_dict(state)
+    with pytest.raises(UsageError, match="shuffle_window"):
+        StreamingDataset(source, shuffle=True, seed=1, shuffle_window=2).load_state_dict(state)
+    with pytest.raises(BadInputError, match="consumed"):
+        StreamingDataset(source, shuffle=True, seed=1).load_state_dict({**state, "consumed": -1})
+    with pytest.raises(BadInputError, match="format"):
+        StreamingDataset(source, shuffle=True, seed=1).load_state_dict({"version": "x"})
+
+
+def test_announces_its_future_shard_order(source):
+    ds = StreamingDataset(source, shuffle=True, batch_size=16, shuffle_window=2)
+    list(ds)
+    plan = ds.plan(0)
+    assert source.announced == [list(plan.shard_ids)]
+    assert source.reads == list(plan.shard_ids), "shards are read once each, in plan order"
+    assert sorted(source.reads) == sorted(plan.shard_ids)
+
+
+def test_arrow_file_source_reads_files_and_fingerprints_them(source, total_records, tmp_path):
+    files = ArrowFileSource(source.paths)
+    assert [n for _, n in files.shards] == [n for _, n in source.shards]
+    assert files.version_id == ArrowFileSource(source.paths).version_id
+    assert ids_of(StreamingDataset(files, batch_size=50)) == list(range(total_records))
+    reordered = ArrowFileSource(list(reversed(source.paths)))
+    assert reordered.version_id != files.version_id
+    table = files.read_shard(source.paths[0], ["text", "id"])
+    assert table.column_names == ["text", "id"]
+    assert np.array_equal(table["id"].to_numpy(), np.arange(len(table)))
