@@ -16,7 +16,6 @@ seconds, are ignored and pruned.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import socket
@@ -137,13 +136,26 @@ class HintBoard:
         self._remote_created: dict[str, float] = {}
         self._refreshed = -math.inf
         self._dirty: set[str] = set()
-        self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.errors = 0
 
+    def _forked(self) -> None:
+        """In a forked child, the parent's plans are the parent's: seen as remote from now on."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self.local, self._remote, self._remote_created = HintIndex(), HintIndex(), {}
+            self._dirty, self._refreshed = set(), -math.inf
+
     def announce(self, keys: Sequence[str], *, reader: str | None = None) -> str:
-        """Publish ``reader``'s future read order (replacing its previous one); return its id."""
-        reader = reader or f"{socket.gethostname()}:{os.getpid()}:{next(self._ids)}"
+        """Publish ``reader``'s future read order (replacing its previous one); return its id.
+
+        Without ``reader`` the plan belongs to this process (one plan per process, as
+        for a DataLoader worker); a process reading for several plans names them.
+        """
+        reader = reader or f"{socket.gethostname()}:{os.getpid()}"
+        self._forked()
         with self._lock:
             self.local.set_plan(reader, keys)
         if self.env is not None:
@@ -156,11 +168,13 @@ class HintBoard:
 
     def advance(self, key: str, reader: str | None = None) -> None:
         """Record that this process read ``key`` for ``reader`` (None: for any plan expecting it)."""
+        self._forked()
         with self._lock:
             self._dirty.update(self.local.advance(key, reader))
 
     def drop(self, reader: str) -> None:
         """Withdraw ``reader``'s plan."""
+        self._forked()
         with self._lock:
             self.local.drop(reader)
             self._dirty.discard(reader)
@@ -172,6 +186,7 @@ class HintBoard:
         ``refresh=False`` uses the board as last read, which is what a caller inside an
         LMDB transaction must do (a thread holds one transaction at a time).
         """
+        self._forked()
         if refresh:
             self.refresh()
         with self._lock:
@@ -179,11 +194,13 @@ class HintBoard:
 
     def upcoming(self, count: int) -> list[str]:
         """The next ``count`` keys of this process's plans (what to prefetch)."""
+        self._forked()
         with self._lock:
             return self.local.upcoming(count)
 
     def flush(self) -> None:
         """Publish the positions of this process's plans."""
+        self._forked()
         with self._lock:
             dirty, self._dirty = self._dirty, set()
             now = time.time()
@@ -196,6 +213,7 @@ class HintBoard:
 
     def close(self) -> None:
         """Withdraw every plan of this process."""
+        self._forked()
         for reader in self.local.readers():
             self.drop(reader)
 
@@ -215,6 +233,7 @@ class HintBoard:
 
     def refresh(self, *, force: bool = False) -> None:
         """Re-read other processes' plans if the last read is older than ``refresh_interval``."""
+        self._forked()
         if self.env is None or (not force and time.monotonic() - self._refreshed < self.refresh_interval):
             return
         self._refreshed = time.monotonic()

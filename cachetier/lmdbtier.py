@@ -354,16 +354,17 @@ class LmdbTier(Store):
             try:
                 return self._admit_once(key, header, payload, need + extra, choose, replace)
             except lmdb.MapFullError:
-                # The map is full of pages freed too recently to reuse: LMDB reuses a page
-                # two commits after the one that freed it, and never one a reader still
-                # sees. First let two small commits pass; if that is not enough, evict
-                # more in a commit of its own. Then retry.
+                # The map holds no free run of pages long enough: pages freed by the
+                # admission's own evictions are reusable only two commits later (and never
+                # while a reader still sees them), and freed runs fragment. So evict first,
+                # in a commit of its own (more on each attempt), let one more commit pass,
+                # and retry.
                 self.counters.map_full += 1
                 try:
-                    if attempt and not self._free_pages(need, choose):
+                    if not self._evict_ahead(need, attempt * need, choose):
                         self.counters.rejections += 1
                         return False
-                    self._tick(2)
+                    self._tick()
                 except (OSError, lmdb.Error) as e:
                     self.counters.errors += 1
                     raise _unavailable(e, self.env.path) from e
@@ -406,22 +407,23 @@ class LmdbTier(Store):
         self.counters.bytes_written += payload.nbytes
         return True
 
-    def _free_pages(self, need: int, choose: Chooser) -> bool:
+    def _evict_ahead(self, need: int, spare: int, choose: Chooser) -> bool:
+        """Evict, in a commit of its own, so ``need`` + ``spare`` bytes fit; False if refused."""
         data_db = self.env.db("data")
         with self.env.write() as txn:
-            victims = choose(need, self.residents(txn), txn)
-            if not victims:
+            missing = self.env.used_bytes(txn) + need + spare - self.budget
+            victims = choose(missing, self.residents(txn), txn) if missing > 0 else []
+            if victims is None:
                 return False
             for victim in victims:
                 if txn.delete(victim.encode(), db=data_db):
                     self.counters.evictions += 1
         return True
 
-    def _tick(self, commits: int) -> None:
-        """Commit ``commits`` one-page transactions, so recently freed pages become reusable."""
-        for _ in range(commits):
-            with self.env.write() as txn:
-                txn.put(b"tick", struct.pack("<d", time.time()), db=self.env.db("meta"))
+    def _tick(self) -> None:
+        """Commit a one-page transaction, so pages freed by the last commit become reusable."""
+        with self.env.write() as txn:
+            txn.put(b"tick", struct.pack("<d", time.time()), db=self.env.db("meta"))
 
     def _victims(self, txn: lmdb.Transaction, need: int, choose: Chooser) -> list[str] | None:
         missing = self.env.used_bytes(txn) + need - self.budget

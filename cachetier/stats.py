@@ -12,12 +12,14 @@ that what stopped being read fades.
 whose LMDB environment is unusable). :class:`SharedStats` keeps it in the ``stats``
 database of the node's LMDB environment and the clock in ``meta``; reads are counted in
 memory and written in one transaction every ``flush_every`` accesses or
-``flush_interval`` seconds, so recording a read costs a dict update.
+``flush_interval`` seconds (``flush_every=None``: only on :meth:`SharedStats.flush`), so
+recording a read costs a dict update.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import struct
 import threading
 import time
@@ -129,7 +131,7 @@ class SharedStats(AccessStats):
         env: SharedEnv,
         *,
         decay: Decay = Decay(),
-        flush_every: int = 64,
+        flush_every: int | None = 64,
         flush_interval: float = 1.0,
     ):
         self.env = env
@@ -141,7 +143,15 @@ class SharedStats(AccessStats):
         self._last_flush = time.monotonic()
         self._flushes = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.errors = 0
+
+    def _forked(self) -> None:
+        """In a forked child, the parent's buffered accesses are the parent's to publish."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._pending, self._pending_total = Counter(), 0
 
     @property
     def now(self) -> float:
@@ -149,10 +159,11 @@ class SharedStats(AccessStats):
             return self._clock(txn) + self._pending_total
 
     def record(self, key: str, count: int = 1) -> None:
+        self._forked()
         with self._lock:
             self._pending[key] += count
             self._pending_total += count
-            due = (
+            due = self.flush_every is not None and (
                 self._pending_total >= self.flush_every
                 or time.monotonic() - self._last_flush >= self.flush_interval
             )
@@ -161,6 +172,7 @@ class SharedStats(AccessStats):
 
     def flush(self) -> None:
         """Write buffered accesses in one transaction; on a write error they are dropped."""
+        self._forked()
         with self._lock:
             pending, total = self._pending, self._pending_total
             self._pending, self._pending_total = Counter(), 0
@@ -208,6 +220,7 @@ class SharedStats(AccessStats):
             with self.env.read() as own:
                 return self.lookup(keys, own)
         stats_db = self.env.db("stats")
+        self._forked()
         with self._lock:
             pending, pending_total = dict(self._pending), self._pending_total
         now = self._clock(txn) + pending_total

@@ -117,7 +117,7 @@ class TieredStore:
             else None
         )
         self._shared_stats = (
-            SharedStats(self._env, flush_every=1 << 62, flush_interval=float("inf")) if self._env else None
+            SharedStats(self._env, flush_every=None) if self._env else None  # flushed by flush()
         )
         self._memory_stats = MemoryStats()
         self.hints = HintBoard(self._env)

@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -121,66 +121,87 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def safe_target(root: Path, relpath: str) -> Path:
-    """Return ``root/relpath`` if it stays inside ``root``; BadInputError otherwise."""
+def safe_target(root: Path, relpath: str, checked_dirs: set[str] | None = None) -> Path:
+    """Return ``root/relpath`` if it stays inside ``root``; BadInputError otherwise.
+
+    The path is checked lexically (no absolute path, ``..``, empty or NUL part) and its
+    folder by ``realpath`` (no symlink planted in ``root`` leads out); ``checked_dirs``
+    caches folders already found safe. The final component is opened with
+    ``O_NOFOLLOW`` or replaced by rename, so a symlink there is never followed.
+    """
     bad = (
         not relpath
         or "\x00" in relpath
         or "\\" in relpath
         or relpath.startswith("/")
-        or PurePosixPath(relpath).is_absolute()
         or any(part in ("", ".", "..") for part in relpath.split("/"))
     )
     if bad:
         raise BadInputError(f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath)
     path = root.joinpath(*relpath.split("/"))
-    real_root = os.path.realpath(root)
-    real_parent = os.path.realpath(path.parent)
-    if os.path.commonpath([real_root, real_parent]) != real_root or os.path.islink(path):
-        raise BadInputError(f"refusing to write through a symlink: {relpath!r}", subject=relpath)
+    parent = str(path.parent)
+    if checked_dirs is None or parent not in checked_dirs:
+        real_root = os.path.realpath(root)
+        real_parent = os.path.realpath(parent)
+        if os.path.commonpath([real_root, real_parent]) != real_root:
+            raise BadInputError(f"refusing to write through a symlink: {relpath!r}", subject=relpath)
+        if checked_dirs is not None:
+            checked_dirs.add(parent)
     return path
+
+
+_BATCH_FILES = 512
 
 
 def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
     root = target.absolute()
     records = written = 0
+    checked: set[str] = set()
     with ThreadPoolExecutor(_WRITERS) as pool:
         futures: list[Future[int]] = []
         for table in iter_version_tables(repo, info, ["path", "size", "data", "chunks"]):
             paths = table.column("path").to_pylist()
             sizes = table.column("size").to_pylist()
-            data = table.column("data")
-            chunks = table.column("chunks")
+            data = table.column("data").combine_chunks()
+            chunks = table.column("chunks").combine_chunks()
             # Validate the whole shard's paths before writing any file of it.
-            targets = [safe_target(root, p) for p in paths]
+            targets = [safe_target(root, p, checked) for p in paths]
+            for folder in {str(t.parent) for t in targets}:
+                os.makedirs(folder, exist_ok=True)
+            inline: list[tuple[Path, pa.Buffer]] = []
             for i, path in enumerate(targets):
-                value = data[i]
-                if value.is_valid:
-                    futures.append(pool.submit(_write_inline, path, value.as_buffer()))
+                if data[i].is_valid:
+                    inline.append((path, data[i].as_buffer()))
+                    if len(inline) >= _BATCH_FILES:
+                        futures.append(pool.submit(_write_inline_batch, inline))
+                        inline = []
                 else:
                     ids = chunks[i].as_py() or []
                     futures.append(pool.submit(_write_chunked, repo, path, ids, sizes[i]))
+            if inline:
+                futures.append(pool.submit(_write_inline_batch, inline))
             records += table.num_rows
         for future in futures:
             written += future.result()
     return {"files": records, "records": records, "bytes": written}
 
 
-def _write_inline(path: Path, data: pa.Buffer) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return data.size
+def _write_inline_batch(items: list[tuple[Path, pa.Buffer]]) -> int:
+    total = 0
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for path, data in items:
+        fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        total += data.size
+    return total
 
 
 def _write_chunked(repo: Repo, path: Path, chunk_ids: list[str], size: int) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "wb") as f:

@@ -65,17 +65,16 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
     ``(num_perm, records)``; returns ``(bands, records)``. Keys of different bands differ
     even for equal values (the band index is mixed in)."""
     n = sigs.shape[1]
+    grouped = sigs[: bands * rows].reshape(bands, rows, n)
+    salt = [((b + 1) * int(_BAND_SALT)) & 0xFFFFFFFFFFFFFFFF for b in range(bands)]
     keys = np.empty((bands, n), dtype=np.uint64)
-    scratch = np.empty(n, dtype=np.uint64)
-    for band in range(bands):
-        acc = keys[band]
-        acc[...] = _U64(((band + 1) * int(_BAND_SALT)) & 0xFFFFFFFFFFFFFFFF)
-        for row in range(band * rows, (band + 1) * rows):
-            acc *= _ROW_MULT
-            np.copyto(scratch, sigs[row], casting="unsafe")
-            acc += scratch
-        fmix64(acc)
-    return keys
+    keys[...] = np.array(salt, dtype=np.uint64)[:, None]
+    scratch = np.empty((bands, n), dtype=np.uint64)
+    for row in range(rows):
+        keys *= _ROW_MULT
+        np.copyto(scratch, grouped[:, row, :], casting="unsafe")
+        keys += scratch
+    return fmix64(keys)
 
 
 def band_pairs(keys: np.ndarray, records: np.ndarray, max_neighbors: int) -> np.ndarray:

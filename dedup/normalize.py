@@ -154,11 +154,14 @@ def _as_utf8(values: pa.Array, status: np.ndarray) -> pa.Array:
             status[bad] = Status.INVALID_UTF8
             values = pc.if_else(pa.array(bad), pa.scalar(None, values.type), values)
             return values.cast(pa.large_string())
-    return values.cast(pa.large_string())
+    return values if values.type == pa.large_string() else values.cast(pa.large_string())
 
 
 def _unicode_pass(values: pa.Array) -> pa.Array:
     """Apply NFKC, lowercase and the separator regex to the non-ASCII values only."""
+    data, _, _ = _buffers(values)
+    if not (data >= 0x80).any():
+        return values
     ascii_mask = pc.fill_null(pc.string_is_ascii(values), True)
     if pc.all(ascii_mask).as_py():
         return values

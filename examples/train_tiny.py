@@ -56,6 +56,21 @@ def _record_worker_pid(pid_file: str | None):
     return init
 
 
+def linked_shared_memory() -> list[str]:
+    """Names in /dev/shm that this process or its workers map or hold open and that are
+    still linked: what a crash right now would leave behind (Linux only)."""
+    import psutil
+
+    names = set()
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            paths = [m.path for m in proc.memory_maps(grouped=False)] + [f.path for f in proc.open_files()]
+        except (psutil.Error, OSError):
+            continue
+        names.update(p for p in paths if p.startswith("/dev/shm/") and os.path.exists(p))
+    return sorted(names)
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     """Write the checkpoint atomically: a crash leaves the old one or the new one."""
     tmp = path.with_suffix(".tmp")
@@ -106,6 +121,8 @@ def train(args: argparse.Namespace) -> dict:
                                             "log_bytes": log.tell()})
             if step == args.crash_after:
                 log.flush()
+                if args.shm_report:
+                    Path(args.shm_report).write_text(json.dumps(linked_shared_memory()))
                 os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: nothing gets cleaned up
     log.close()
     return {"steps": step, "epochs": args.epochs, "loss": float(loss)}
@@ -123,6 +140,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=3, help="steps between checkpoints")
     parser.add_argument("--crash-after", type=int, default=0, help="SIGKILL this process after this step")
     parser.add_argument("--pid-file", help="append the pid of every DataLoader worker here")
+    parser.add_argument("--shm-report", help="before crashing, list the /dev/shm names in use here (JSON)")
     args = parser.parse_args()
     if args.make_data:
         make_data(Path(args.data))

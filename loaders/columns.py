@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "kind_of", "lengths_key", "Rows"]
+__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "Slab", "kind_of", "lengths_key", "Rows"]
 
 Rows = slice | np.ndarray
 
@@ -77,32 +77,54 @@ class Kind:
         """One value per row of ``piece``."""
         raise NotImplementedError
 
-    def nbytes(self, data: Any) -> int:
-        """Bytes held by one shard's data."""
-        return int(data.nbytes)
+
+class Slab:
+    """Rows ``[base, base + rows)`` of a stacked array that holds several shards' values.
+
+    Readers stack the numeric columns of their resident shards in one array per column
+    (one slot per shard, see :class:`loaders.decoded.SlotRing`), so a batch drawn from
+    several shards is one numpy gather instead of one per shard.
+    """
+
+    __slots__ = ("array", "base", "rows")
+
+    def __init__(self, array: np.ndarray, base: int, rows: int) -> None:
+        self.array = array
+        self.base = base
+        self.rows = rows
 
 
 class NumericKind(Kind):
-    """Numbers (primitives, fixed-size lists of them) as a numpy array, rows first."""
+    """Numbers (primitives, fixed-size lists of them): rows of a stacked numpy array."""
 
     name = "numeric"
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> np.ndarray:
-        arrays = [_fixed_numpy(c, self.shape) for c in chunks]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    def convert(self, chunk: pa.Array) -> np.ndarray:
+        """One Arrow chunk as a numpy array ``(n, *shape)`` (a view where Arrow allows)."""
+        return _fixed_numpy(chunk, self.shape)
 
-    def take(self, data: np.ndarray, rows: Rows) -> np.ndarray:
-        return data[rows]
+    def prepare(self, chunks: Sequence[pa.Array]) -> Slab:
+        arrays = [self.convert(c) for c in chunks]
+        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return Slab(array, 0, len(array))
 
-    def gather(self, datas: Sequence[np.ndarray], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        first = datas[0]
-        out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
+    def take(self, data: Slab, rows: Rows) -> np.ndarray:
+        if isinstance(rows, slice):
+            return data.array[data.base + rows.start : data.base + rows.stop]
+        return data.array[data.base + rows]
+
+    def gather(self, datas: Sequence[Slab], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        array = datas[0].array
+        if all(d.array is array for d in datas):
+            bases = np.array([d.base for d in datas], dtype=np.int64)
+            return array[bases[which] + rows]
+        out = np.empty((len(rows), *array.shape[1:]), dtype=array.dtype)
         for u, data in enumerate(datas):
             mask = which == u
-            out[mask] = data[rows[mask]]
+            out[mask] = data.array[data.base + rows[mask]]
         return out
 
     def concat(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
@@ -117,8 +139,13 @@ class NumericKind(Kind):
         return list(_tensor(piece).unbind(0))
 
 
-class _ArrowKind(Kind):
-    """Kinds kept as one Arrow array per shard, indexed with Arrow's take."""
+class RaggedKind(Kind):
+    """A variable-length list of numbers (one Arrow array per shard): padded 2-D tensor plus lengths."""
+
+    name = "ragged"
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
 
     def prepare(self, chunks: Sequence[pa.Array]) -> pa.Array:
         return chunks[0] if len(chunks) == 1 else pa.concat_arrays(list(chunks))
@@ -139,15 +166,6 @@ class _ArrowKind(Kind):
     def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
         return pa.concat_arrays(list(pieces))
 
-
-class RaggedKind(_ArrowKind):
-    """A variable-length list of numbers: padded 2-D tensor plus lengths."""
-
-    name = "ragged"
-
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = dtype
-
     def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = piece.offsets.to_numpy()
         lengths = np.diff(offsets).astype(np.int64)
@@ -167,16 +185,34 @@ class RaggedKind(_ArrowKind):
         return list(_tensor(flat).split(lengths.tolist()))
 
 
-class ListKind(_ArrowKind):
-    """Strings, binaries and any other type: Python values, built per batch."""
+class ListKind(Kind):
+    """Strings, binaries and any other type: Python values, made once per shard.
+
+    The whole column is converted when the shard is decoded, so a batch, shuffled or
+    not, is a list of references to existing objects: no per-batch Arrow calls.
+    """
 
     name = "list"
 
-    def emit(self, name: str, piece: pa.Array, out: dict[str, Any]) -> None:
-        out[name] = piece.to_pylist()
+    def prepare(self, chunks: Sequence[pa.Array]) -> list[Any]:
+        return [v for c in chunks for v in c.to_pylist()]
 
-    def emit_samples(self, piece: pa.Array) -> list[Any]:
-        return piece.to_pylist()
+    def take(self, data: list[Any], rows: Rows) -> list[Any]:
+        if isinstance(rows, slice):
+            return data[rows]
+        return [data[r] for r in rows.tolist()]
+
+    def gather(self, datas: Sequence[list[Any]], which: np.ndarray, rows: np.ndarray) -> list[Any]:
+        return [datas[u][r] for u, r in zip(which.tolist(), rows.tolist())]
+
+    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        return [v for p in pieces for v in p]
+
+    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
+        out[name] = piece
+
+    def emit_samples(self, piece: list[Any]) -> list[Any]:
+        return piece
 
 
 def kind_of(typ: pa.DataType) -> Kind:

@@ -28,17 +28,6 @@ from loaders.world import World
 __all__ = ["StreamingDataLoader"]
 
 
-def _shut_down(batches: Iterator[Any]) -> None:
-    """Stop the workers now: an error's traceback would otherwise keep them (and torch's
-    SIGCHLD handler) alive until the traceback is dropped."""
-    shutdown = getattr(batches, "_shutdown_workers", None)
-    if shutdown is not None:
-        try:
-            shutdown()
-        except Exception:  # noqa: S110 - best effort while an error is already propagating
-            pass
-
-
 def pass_through(batch: Any) -> Any:
     """The collate function of batch mode: the dataset's batches are delivered as they are."""
     return batch
@@ -107,21 +96,33 @@ class StreamingDataLoader(DataLoader):
             ds._loader_spec = None
         return self._deliver(batches, progress)
 
-    @staticmethod
-    def _deliver(batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
+    def _deliver(self, batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
         try:
             for batch in batches:
                 progress.chunks += 1
                 progress.samples = progress.part.samples_through(progress.chunks - 1)
                 yield batch
+        except GeneratorExit:
+            raise  # the consumer stopped early: workers stop with the iterator (or persist)
         except (ConnectionError, EOFError) as e:
             # A worker died while handing over a batch (its end of the socket is gone).
-            _shut_down(batches)
+            self._abandon(batches)
             raise RuntimeError(f"a DataLoader worker exited unexpectedly while sending a batch ({e})") from e
         except BaseException:
-            _shut_down(batches)
+            self._abandon(batches)
             raise
         progress.complete = True
+
+    def _abandon(self, batches: Iterator[Any]) -> None:
+        """Stop the workers now: an error's traceback would otherwise keep them (and torch's
+        SIGCHLD handler) alive until the traceback is dropped."""
+        self._iterator = None  # a persistent iterator is not reused after a failure
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # best effort while an error is already propagating
+                pass
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch delivered to the consumer (see loaders.state)."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from cachetier.errors import BadInputError, UsageError
@@ -33,7 +34,7 @@ from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
 from loaders.source import ShardSource, open_source
 from loaders.state import LoaderState, WorkerProgress
-from loaders.decoded import DecodedShard, batch_from_pieces, pieces, samples_from_pieces, select_columns
+from loaders.decoded import DecodedShard, SlotRing, batch_from_pieces, pieces, samples_from_pieces, select_columns
 from loaders.world import World
 
 __all__ = ["StreamingDataset"]
@@ -273,10 +274,13 @@ class StreamingDataset(IterableDataset):
             self._progress = progress
         return self._generate(plan, part, chunks, progress)
 
-    def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
+    def _decode(self, plan: EpochPlan, ring: SlotRing, index: int, base: int | None) -> DecodedShard:
         shard_id = plan.shard_ids[index]
         table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
-        return DecodedShard(index, shard_id, table)
+        if table.num_rows != plan.counts[index]:
+            raise BadInputError(f"shard has {table.num_rows} records, the version lists {plan.counts[index]}",
+                                subject=shard_id, hint="the source returned another shard than the version names")
+        return DecodedShard(index, shard_id, table, ring, base)
 
     def _generate(self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress) -> Iterator[Any]:
         if len(chunks) == 0:
@@ -286,9 +290,13 @@ class StreamingDataset(IterableDataset):
         batched = self.batch_size is not None
         order = needed_shards(plan, touched_windows(plan, part, chunks))
         announce = self.source.announce
-        with ShardPrefetcher(functools.partial(self._decode, plan), order, depth=self.prefetch,
-                             threads=_READ_THREADS,
-                             announce=lambda idx: announce([plan.shard_ids[i] for i in idx])) as shards:
+        # room for the shards held at once (a window's, plus those read ahead), and one for wrapping
+        largest = np.sort(plan.counts)[::-1]
+        ring = SlotRing(int(largest[: plan.k + self.prefetch + 1].sum() + largest[0]))
+        with ShardPrefetcher(functools.partial(self._decode, plan, ring), order, depth=self.prefetch,
+                             threads=_READ_THREADS, announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
+                             reserve=lambda i: ring.reserve(int(plan.counts[i])),
+                             release=lambda base: base is not None and ring.release(base)) as shards:
             for c in chunks:
                 pos, n = part.chunk(c)
                 parts = []

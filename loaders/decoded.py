@@ -10,6 +10,8 @@ is made per sample in batch mode.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from cachetier.errors import BadInputError
-from loaders.columns import Kind, RaggedKind, kind_of, lengths_key
+from loaders.columns import Kind, NumericKind, RaggedKind, Slab, kind_of, lengths_key
 from loaders.plan import Rows
 
-__all__ = ["DecodedShard", "select_columns", "pieces", "batch_from_pieces", "samples_from_pieces"]
+__all__ = ["DecodedShard", "SlotRing", "select_columns", "pieces", "batch_from_pieces", "samples_from_pieces"]
 
 Pieces = dict[str, Any]
 
@@ -43,10 +45,72 @@ def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str
     return table if keep == names else table.select(keep)
 
 
-class DecodedShard:
-    """The columns of one shard (plan index ``index``), converted for batching."""
+class SlotRing:
+    """Row space for the numeric columns of a reader's resident shards, one array per column.
 
-    def __init__(self, index: int, shard_id: str, table: pa.Table) -> None:
+    Shards are reserved and released in the same order (plan order), so the space is a
+    ring: a reservation takes rows at the head, a release frees them at the tail. Sized
+    for the shards a reader holds at once, it is allocated once per iteration and reused,
+    and a batch drawn from several shards is a single numpy gather.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._regions: deque[tuple[int, int]] = deque()
+        self._head = 0
+        self._arrays: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, rows: int) -> int | None:
+        """The first row of ``rows`` free rows, or None when they do not fit."""
+        if not self._regions:
+            base = 0 if rows <= self.capacity else None
+        else:
+            tail = self._regions[0][0]
+            if self._head >= tail:
+                base = self._head if self._head + rows <= self.capacity else (0 if rows <= tail else None)
+            else:
+                base = self._head if self._head + rows <= tail else None
+        if base is not None:
+            self._regions.append((base, rows))
+            self._head = base + rows
+        return base
+
+    def release(self, base: int) -> None:
+        """Free the oldest reservation (which starts at ``base``)."""
+        first, _ = self._regions.popleft()
+        if first != base:
+            raise RuntimeError(f"slot ring released out of order: {base} before {first}")
+        if not self._regions:
+            self._head = 0
+
+    def store(self, name: str, kind: NumericKind, base: int, chunks: Sequence[pa.Array]) -> Slab:
+        """Copy a shard's column into rows from ``base``; the array is made on first use."""
+        arrays = [kind.convert(c) for c in chunks]
+        rows = sum(len(a) for a in arrays)
+        first = arrays[0] if arrays else np.empty((0, *kind.shape))
+        with self._lock:
+            ring = self._arrays.get(name)
+            if ring is None or ring.dtype != first.dtype or ring.shape[1:] != first.shape[1:]:
+                if ring is not None:
+                    return kind.prepare(chunks)  # types differ between shards: keep this one apart
+                ring = self._arrays[name] = np.empty((self.capacity, *first.shape[1:]), dtype=first.dtype)
+        at = base
+        for a in arrays:
+            ring[at : at + len(a)] = a
+            at += len(a)
+        return Slab(ring, base, rows)
+
+
+class DecodedShard:
+    """The columns of one shard (plan index ``index``), converted for batching.
+
+    With a ``ring`` and a reserved ``base`` row, numeric columns are copied into it;
+    otherwise each column keeps its own arrays.
+    """
+
+    def __init__(self, index: int, shard_id: str, table: pa.Table, ring: SlotRing | None = None,
+                 base: int | None = None) -> None:
         self.index = index
         self.rows = table.num_rows
         self.kinds: dict[str, Kind] = {}
@@ -54,9 +118,13 @@ class DecodedShard:
         for name in table.column_names:
             chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in table.column(name).chunks]
             typ = chunks[0].type if chunks else table.schema.field(name).type
+            chunks = chunks or [pa.array([], typ)]
             kind = kind_of(typ)
             try:
-                self.data[name] = kind.prepare(chunks or [pa.array([], typ)])
+                if ring is not None and base is not None and isinstance(kind, NumericKind):
+                    self.data[name] = ring.store(name, kind, base, chunks)
+                else:
+                    self.data[name] = kind.prepare(chunks)
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                 raise BadInputError(f"column {name!r} cannot be read: {e}", subject=shard_id) from e
             self.kinds[name] = kind
@@ -66,11 +134,6 @@ class DecodedShard:
                     subject=lengths_key(name),
                     hint="select columns so the names do not clash",
                 )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the shard's columns."""
-        return sum(k.nbytes(self.data[n]) for n, k in self.kinds.items())
 
 
 def pieces(shards: Mapping[int, DecodedShard], rows: Rows) -> tuple[dict[str, Kind], Pieces]:

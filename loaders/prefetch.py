@@ -112,15 +112,23 @@ def needed_shards(plan: EpochPlan, windows: Iterator[int]) -> Iterator[int]:
 
 
 class ShardPrefetcher:
-    """Decoded shards of ``order``, read ``depth`` ahead of the ones in use (see module docstring)."""
+    """Decoded shards of ``order``, read ``depth`` ahead of the ones in use (see module docstring).
 
-    def __init__(self, load: Callable[[int], DecodedShard], order: Iterator[int], *, depth: int, threads: int,
-                 announce: Callable[[Sequence[int]], None] | None = None) -> None:
+    ``reserve(i)`` runs in order on the consumer's thread when shard ``i`` is scheduled,
+    ``load(i, token)`` on a reader thread, and ``release(token)`` in the same order once
+    the shard is no longer needed (after its load finished).
+    """
+
+    def __init__(self, load: Callable[[int, Any], DecodedShard], order: Iterator[int], *, depth: int,
+                 threads: int, announce: Callable[[Sequence[int]], None] | None = None,
+                 reserve: Callable[[int], Any] | None = None, release: Callable[[Any], None] | None = None) -> None:
         self._load = load
         self._order = order
         self._depth = max(0, depth)
+        self._reserve = reserve
+        self._release = release
         self._pool = _DaemonPool(max(1, threads), "tierdata-read")
-        self._futures: OrderedDict[int, Future[DecodedShard]] = OrderedDict()
+        self._futures: OrderedDict[int, tuple[Future[DecodedShard], Any]] = OrderedDict()
         self._last = -1
         self._held: tuple[range, dict[int, DecodedShard]] | None = None
         if announce is not None:
@@ -133,8 +141,15 @@ class ShardPrefetcher:
             i = next(self._order, None)
             if i is None:
                 return
-            self._futures[i] = self._pool.submit(lambda i=i: self._load(i))
+            token = self._reserve(i) if self._reserve is not None else None
+            future = self._pool.submit(lambda i=i, token=token: self._load(i, token))
+            self._futures[i] = (future, token)
             self._last = i
+
+    def _drop_oldest(self) -> None:
+        _, (future, token) = self._futures.popitem(last=False)
+        if self._release is not None:
+            future.add_done_callback(lambda _f, token=token: self._release(token))
 
     def acquire(self, needed: range) -> dict[int, DecodedShard]:
         """The decoded shards ``needed`` (blocking until read); shards before them are released."""
@@ -142,9 +157,9 @@ class ShardPrefetcher:
             return self._held[1]
         self._held = None
         while self._futures and next(iter(self._futures)) < needed.start:
-            self._futures.popitem(last=False)
+            self._drop_oldest()
         self._schedule_through(needed.stop - 1 + self._depth)
-        shards = {i: self._futures[i].result() for i in needed if i in self._futures}
+        shards = {i: self._futures[i][0].result() for i in needed if i in self._futures}
         self._held = (needed, shards)
         return shards
 

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from cachetier.config import CacheConfig
+from cachetier.hints import HintBoard
 from cachetier.objects import ObjectStore
 from cachetier.tiered import TieredStore
 
@@ -88,15 +89,20 @@ def test_forked_dataloader_workers_share_the_cache(objects: ObjectStore, put_blo
     try:
         for oid in ids[:4]:
             store.read(oid)  # the parent opened LMDB and RAM: workers inherit open handles
+        parent_plan = store.announce(ids[8:])  # workers must not move (or withdraw) the parent's plan
         loader = DataLoader(CachedShards(store, ids * 2), batch_size=4, num_workers=2,
                             multiprocessing_context="fork", collate_fn=lambda b: b)  # fmt: skip
         rows = [row for batch in loader for row in batch]
         assert len(rows) == 32 and all(r["ok"] for r in rows)
         assert all(r["tiers"] for r in rows[16:])  # second pass: everything is cached somewhere
+        observer = HintBoard(store.ssd.env)  # the board as another process sees it
+        observer.refresh(force=True)
+        assert observer.next_use([ids[8], ids[9]]) == {ids[8]: 0.0, ids[9]: 1.0}
         for oid in ids:
             assert objects.hash(store.read(oid)) == oid  # the parent's handle still works
         store.flush()
         assert store.stats()["reads"] == 4 + 32 + 16  # workers published their counts
+        assert store.hints.local.readers() == [parent_plan]
     finally:
         store.close()
     assert torch.utils.data.get_worker_info() is None

@@ -17,6 +17,7 @@ import pytest
 from cachetier.errors import BadInputError, NotFoundError
 from cachetier.localstore import LocalStore
 from cachetier.objects import ObjectStore
+from datastore._pipeline import read_ahead
 from datastore.chunking import ChunkOptions, read_chunks_to
 from datastore.files import FILES_SCHEMA
 from datastore.ingest import ingest
@@ -226,6 +227,32 @@ def test_skip_reports_the_count(tmp_path: Path, objects: ObjectStore) -> None:
     src.write_text('{"a": 1}\n{"a": \n{"a": 2}\n')
     result = ingest([src], objects, on_error="skip")
     assert result.records == 2 and result.skipped == 1 and result.sources[0]["skipped"] == 1
+
+
+def test_read_ahead_keeps_order_errors_and_stops_early() -> None:
+    assert list(read_ahead(iter(range(100)), depth=3)) == list(range(100))
+
+    def failing():
+        yield 1
+        raise BadInputError("boom", subject="x.jsonl:2")
+
+    with pytest.raises(BadInputError, match="boom"):
+        list(read_ahead(failing()))
+    closed = []
+
+    def endless():
+        try:
+            n = 0
+            while True:
+                n += 1
+                yield n
+        finally:
+            closed.append(True)
+
+    it = read_ahead(endless(), depth=2)
+    assert next(it) == 1
+    it.close()
+    assert closed == [True]
 
 
 _RSS_CHILD = """
