@@ -99,6 +99,12 @@ class LocalStore(Store):
             raise _translate(e, str(target.parent)) from e
         return target.parent / f".tmp.{os.getpid()}.{uuid.uuid4().hex[:12]}.{target.name}"
 
+    def touch(self, key: str) -> None:
+        try:
+            os.utime(self._path(key))
+        except FileNotFoundError as e:
+            raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from cachetier.errors import IntegrityError
+from cachetier.errors import IntegrityError, NotFoundError
 from cachetier.hashing import DEFAULT_HASH, BytesLike, content_hash, is_object_id
 from cachetier.store import ObjectInfo, Store
 
@@ -38,12 +38,30 @@ class ObjectStore:
         return content_hash(data, self.algorithm)
 
     def put(self, data: BytesLike, oid: str | None = None) -> str:
-        """Store ``data`` (unless an object with its id exists) and return the id."""
+        """Store ``data`` (unless an object with its id exists) and return the id.
+
+        An object that exists already is touched instead, so a gc running now counts
+        its grace period from this reuse and cannot delete it under a pending commit.
+        """
         oid = oid or self.hash(data)
+        if not self.touch_if_exists(oid):
+            self.store.put(object_key(oid), data)
+        return oid
+
+    def touch_if_exists(self, oid: str) -> bool:
+        """Refresh the mtime of ``oid`` if it is stored; False when it is not.
+
+        Reusing an object must go through here (not :meth:`exists`), so that gc's grace
+        period protects it until the commit that references it lands.
+        """
         key = object_key(oid)
         if not self.store.exists(key):
-            self.store.put(key, data)
-        return oid
+            return False
+        try:
+            self.store.touch(key)
+        except NotFoundError:
+            return False  # removed between the two calls
+        return True
 
     def get(self, oid: str, *, verify: bool = True) -> bytes:
         """Return the bytes of ``oid``; raise NotFoundError or IntegrityError."""

@@ -552,6 +552,20 @@ class S3Store(Store):
             num_parallel_uploads=self.options.parallel_uploads,
         )
 
+    def touch(self, key: str) -> None:
+        """Copy the object onto itself (server side) so its last-modified time is now."""
+        from minio.commonconfig import REPLACE, CopySource
+
+        name = self._name(key)
+        source = CopySource(self.bucket, name)
+        self._call(
+            "COPY",
+            key,
+            lambda: self._client.copy_object(
+                self.bucket, name, source, metadata={"x-amz-meta-touched": "1"}, metadata_directive=REPLACE
+            ),
+        )
+
     def delete(self, key: str) -> None:
         name = self._name(key)
         self._call("DELETE", key, lambda: self._client.remove_object(self.bucket, name))

@@ -76,6 +76,13 @@ class Store(ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield every key that starts with ``prefix``, with its size and mtime, in no set order."""
 
+    def touch(self, key: str) -> None:
+        """Refresh the last-modified time of an existing ``key`` (gc's grace period counts from it).
+
+        The default rewrites the value; backends override it with something cheaper.
+        """
+        self.put(key, self.get(key))
+
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Store the contents of a local file under ``key``."""
         with open(path, "rb") as f:

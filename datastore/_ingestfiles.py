@@ -225,7 +225,7 @@ class _Builder:
         return PendingShard(pa.Table.from_batches([batch]), hashes, sizes)
 
     def _restore_missing_chunks(self, r: _Record) -> None:
-        if all(self.up.objects.exists(c) for c in r.chunks):
+        if all(self.up.objects.touch_if_exists(c) for c in r.chunks):
             return
         level = self.chunk_options.compression_level
         with open(r.entry.abspath, "rb") as f:

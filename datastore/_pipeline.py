@@ -68,7 +68,7 @@ class Uploader:
 
     def put(self, oid: str, data: bytes) -> bool:
         """Store an object unless it exists; True when it was new. Safe in any thread."""
-        if self.objects.exists(oid):
+        if self.objects.touch_if_exists(oid):
             return False
         self.objects.store.put(object_key(oid), data)
         with self._lock:
@@ -104,7 +104,7 @@ def store_pending(
     """
     if index is not None and key is not None:
         known = index.shard(key)
-        if known is not None and up.objects.exists(known.hash):
+        if known is not None and up.objects.touch_if_exists(known.hash):
             up.count_reused()
             return known
     if callable(pending):

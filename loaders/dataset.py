@@ -274,7 +274,7 @@ class StreamingDataset(IterableDataset):
             self._progress = progress
         return self._generate(plan, part, chunks, progress)
 
-    def _decode(self, plan: EpochPlan, ring: SlotRing, index: int, base: int | None) -> DecodedShard:
+    def _decode(self, plan: EpochPlan, ring: SlotRing | None, index: int, base: int | None) -> DecodedShard:
         shard_id = plan.shard_ids[index]
         table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
         if table.num_rows != plan.counts[index]:
@@ -290,13 +290,16 @@ class StreamingDataset(IterableDataset):
         batched = self.batch_size is not None
         order = needed_shards(plan, touched_windows(plan, part, chunks))
         announce = self.source.announce
-        # room for the shards held at once (a window's, plus those read ahead), and one for wrapping
-        largest = np.sort(plan.counts)[::-1]
-        ring = SlotRing(int(largest[: plan.k + self.prefetch + 1].sum() + largest[0]))
+        ring = None
+        if plan.k > 1:  # batches gather from several shards: stack their numeric columns
+            # room for the shards held at once (a window's, plus those read ahead), and one for wrapping
+            largest = np.sort(plan.counts)[::-1]
+            ring = SlotRing(int(largest[: plan.k + self.prefetch + 1].sum() + largest[0]))
         with ShardPrefetcher(functools.partial(self._decode, plan, ring), order, depth=self.prefetch,
                              threads=_READ_THREADS, announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
-                             reserve=lambda i: ring.reserve(int(plan.counts[i])),
-                             release=lambda base: base is not None and ring.release(base)) as shards:
+                             reserve=None if ring is None else lambda i: ring.reserve(int(plan.counts[i])),
+                             release=None if ring is None else lambda base: base is not None and ring.release(base),
+                             ) as shards:
             for c in chunks:
                 pos, n = part.chunk(c)
                 parts = []
