@@ -141,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="DIR")
     p.add_argument("--format", choices=["jsonl", "parquet", "csv", "text", "files"])
 
+    p = command("cache", cmd_cache, "the node cache: stats | warm REF | evict | serve")
+    p.add_argument("action", choices=["stats", "warm", "evict", "serve"])
+    p.add_argument("ref", nargs="?", help="with warm: the version to fetch ahead (default HEAD)")
+    p.add_argument("--ram-bytes", type=_byte_size, metavar="N")
+    p.add_argument("--ssd-bytes", type=_byte_size, metavar="N")
+    p.add_argument("--cache-dir", metavar="D")
+    p.add_argument("--tier", choices=["ram", "ssd"], help="warm/evict: one tier (warm default: ssd)")
+    p.add_argument("--metrics-port", type=int, default=9108, metavar="P", help="serve: Prometheus port (0: any)")
+    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="serve: seconds between rebalances")
+
     p = command("verify", cmd_verify, "re-hash everything a version references")
     p.add_argument("ref", nargs="?")
     p.add_argument("--all", action="store_true", help="every version any branch or tag reaches")
@@ -342,6 +352,55 @@ def cmd_checkout(args: argparse.Namespace) -> None:
         data,
         lambda d: f"HEAD is now {args.ref} ({d['version'][:12]})" + (f"; data written to {d['to']}" if d["to"] else ""),
     )
+
+
+def _cache_config(args: argparse.Namespace) -> Any:
+    from cachetier.config import load_cache_config
+    from datastore.workspace import find_workspace
+
+    ws = find_workspace()
+    settings = ws.settings.get("cache", {}) if ws else {}
+    return load_cache_config(settings, dir=args.cache_dir, ram_bytes=args.ram_bytes, ssd_bytes=args.ssd_bytes)
+
+
+def cmd_cache(args: argparse.Namespace) -> None:
+    from cachetier.tiered import TieredStore, serve
+
+    config = _cache_config(args)
+    if args.action == "serve":
+
+        def ready(port: int) -> None:
+            print(f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics", file=sys.stderr)
+            if args.json:
+                _emit_json({"metrics_port": port, "cache_dir": str(config.dir)})
+                sys.stdout.flush()
+
+        serve(config, metrics_port=args.metrics_port, interval=args.interval, on_ready=ready)
+        return
+    if args.action == "warm":
+        repo = _open()
+        with TieredStore(repo.objects, config) as cache:
+            table = repo.shard_table(args.ref)
+            result = {"version": repo.resolve(args.ref), **cache.warm([*table.hashes(), *table.chunk_ids()], tier=args.tier or "ssd")}
+        _emit(args, result, lambda d: f"warmed {d['requested']} objects: {d['admitted']} admitted, {d['cached']} already cached, {d['refused']} refused, {d['failed']} failed")
+        return
+    with TieredStore(None, config) as cache:
+        if args.action == "evict":
+            result = cache.evict(tier=args.tier)
+            _emit(args, result, lambda d: ", ".join(f"{k}: {v} evicted" for k, v in d.items()))
+            return
+        stats = cache.stats()
+
+    def text(d: dict[str, Any]) -> str:
+        rows = [f"{'tier':5} {'used':>10} {'budget':>10} {'hits':>8} {'misses':>8} {'evictions':>9}"]
+        for name, t in d["tiers"].items():
+            if "budget" in t:
+                rows.append(
+                    f"{name:5} {_human(t['bytes_used']):>10} {_human(t['budget']):>10} {t['hits']:>8} {t['misses']:>8} {t['evictions']:>9}"
+                )
+        return "\n".join(rows)
+
+    _emit(args, stats, text)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

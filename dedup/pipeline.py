@@ -151,7 +151,9 @@ def iter_part(part: Part) -> Iterator[pa.Table | pa.RecordBatch]:
 
 def _reader(source: Source, *, needs_second_pass: bool) -> Callable[[], Iterator[pa.Table | pa.RecordBatch]]:
     """A function that starts a new pass over the source."""
-    if isinstance(source, (pa.Table, pa.RecordBatch)):
+    if isinstance(source, pa.Table):
+        return lambda: iter(source.to_batches())
+    if isinstance(source, pa.RecordBatch):
         return lambda: iter([source])
     if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
         return lambda: (item for part in source for item in iter_part(part))

@@ -131,14 +131,20 @@ def _byte_slices(values: pa.Array, chunk_bytes: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+def _slices(values: pa.Array | pa.ChunkedArray, chunk_bytes: int):
+    """Consecutive slices of about ``chunk_bytes`` bytes, chunk by chunk (no copies)."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    for chunk in chunks:
+        for lo, hi in _byte_slices(chunk, chunk_bytes):
+            yield chunk.slice(lo, hi - lo)
+
+
 def sketch_values(values: pa.Array | pa.ChunkedArray, plan: RunPlan) -> BatchSketch:
     """Stage 1 for one column of values."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     config = plan.config
     parts = []
-    for lo, hi in _byte_slices(values, config.chunk_bytes):
-        norm = normalize_array(values.slice(lo, hi - lo), content=config.content)
+    for piece in _slices(values, config.chunk_bytes):
+        norm = normalize_array(piece, content=config.content)
         if config.method == "exact":
             status = norm.status
             parts.append(BatchSketch(status, content_keys(norm, exact_eligible(status)), None, None))
@@ -157,13 +163,11 @@ def minhash_signatures(
     """``(records, num_perm)`` MinHash signatures (datasketch's layout: row ``i`` equals
     ``datasketch.MinHash(num_perm, seed, scheme=..., hashfunc=...)`` updated with the
     shingles of record ``i``) and each record's status."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     check_type(values.type)
     perms = Permutations.create(config.num_perm, config.seed, config.scheme)
     sigs, status = [], []
-    for lo, hi in _byte_slices(values, config.chunk_bytes):
-        norm = normalize_array(values.slice(lo, hi - lo))
+    for piece in _slices(values, config.chunk_bytes):
+        norm = normalize_array(piece)
         sh = shingle_batch(norm, config)
         sigs.append(signatures(hash32(norm.data, sh, config.shingle_hash), sh.offsets, perms))
         status.append(sh.status)
@@ -192,13 +196,12 @@ def shingle_sets(
     if len(rows) == 0:
         return ShingleSets.concat([])
     sub = values.take(pa.array(rows, pa.int64()))
-    if isinstance(sub, pa.ChunkedArray):
-        sub = sub.combine_chunks()
-    parts = []
-    for lo, hi in _byte_slices(sub, plan.config.chunk_bytes):
-        norm = normalize_array(sub.slice(lo, hi - lo), content="text")
+    parts, done = [], 0
+    for piece in _slices(sub, plan.config.chunk_bytes):
+        norm = normalize_array(piece, content="text")
         sh = shingle_batch(norm, plan.config)
-        parts.append(ShingleSets.build(rows[lo:hi] + first_record, sh.hash64, sh.offsets))
+        parts.append(ShingleSets.build(rows[done : done + len(piece)] + first_record, sh.hash64, sh.offsets))
+        done += len(piece)
     return ShingleSets.concat(parts)
 
 

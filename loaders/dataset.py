@@ -113,7 +113,7 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[Any], Any] | None = None,
         cache: Any = None,
         shuffle_window: int = 4,
-        prefetch: int = 2,
+        prefetch: int = 1,
     ) -> None:
         super().__init__()
         if columns is not None:

@@ -137,17 +137,21 @@ class DecodedShard:
 
 
 def pieces(shards: Mapping[int, DecodedShard], rows: Rows) -> tuple[dict[str, Kind], Pieces]:
-    """The kinds and the pieces (one per column) of the records addressed by ``rows``."""
+    """The kinds and the pieces (one per column) of the records addressed by ``rows``.
+
+    ``shards`` holds (at least) every shard ``rows`` refers to, keyed by plan index; for
+    a gather they must be consecutive indices (a window's shards are).
+    """
     which, where = rows
     if isinstance(which, int):
         shard = shards[which]
         return shard.kinds, {n: k.take(shard.data[n], where) for n, k in shard.kinds.items()}
-    present = np.unique(which)
-    if len(present) == 1:
-        shard = shards[int(present[0])]
+    first, last = int(which.min()), int(which.max())
+    if first == last:
+        shard = shards[first]
         return shard.kinds, {n: k.take(shard.data[n], where) for n, k in shard.kinds.items()}
-    local = np.searchsorted(present, which)
-    group = [shards[int(i)] for i in present]
+    group = [shards[i] for i in range(first, last + 1)]
+    local = which - first
     kinds = group[0].kinds
     try:
         return kinds, {n: k.gather([s.data[n] for s in group], local, where) for n, k in kinds.items()}
