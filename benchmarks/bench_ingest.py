@@ -105,14 +105,20 @@ def bench_tierdata(work: Path, small: Path, big: Path, s3: Any) -> dict[str, Any
     for label, spread in (("readd", False), ("readd_spread", True)):
         before = repo_bytes(repo)
         edit_files(small, 0.01, seed=7 if spread else 8, spread=spread)
-        out[label] = run([*DATASET, "ingest", str(small)], proj) + run([*DATASET, "version", "-m", label, "--replace"], proj)
+        out[label] = run([*DATASET, "ingest", str(small)], proj) + run(
+            [*DATASET, "version", "-m", label, "--replace"], proj
+        )
         out[f"{label}_new_bytes"] = repo_bytes(repo) - before
     before = repo_bytes(repo)
-    out["big_add"] = run([*DATASET, "ingest", str(big), "--format", "files"], proj) + run([*DATASET, "version", "-m", "big", "--replace"], proj)
+    out["big_add"] = run([*DATASET, "ingest", str(big), "--format", "files"], proj) + run(
+        [*DATASET, "version", "-m", "big", "--replace"], proj
+    )
     out["big_add_bytes"] = repo_bytes(repo) - before
     overwrite_middle(big, 1 << 20, seed=9)
     before = repo_bytes(repo)
-    out["big_edit"] = run([*DATASET, "ingest", str(big), "--format", "files"], proj) + run([*DATASET, "version", "-m", "edit", "--replace"], proj)
+    out["big_edit"] = run([*DATASET, "ingest", str(big), "--format", "files"], proj) + run(
+        [*DATASET, "version", "-m", "edit", "--replace"], proj
+    )
     out["big_edit_new_bytes"] = repo_bytes(repo) - before
     if s3 is not None:
         proj_s3 = work / "td-s3"
@@ -177,7 +183,9 @@ def bench_dvc(work: Path, small: Path, big: Path, s3: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--files", type=int, default=20000)
     parser.add_argument("--big-mib", type=int, default=1024)
@@ -196,7 +204,9 @@ def main() -> None:
             for tool in ("tierdata", "dvc"):
                 if tool == "dvc" and args.no_dvc:
                     continue
-                with tempfile.TemporaryDirectory(prefix=f"bench-{tool}-", dir=os.environ.get("BENCH_TMP")) as tmp:
+                with tempfile.TemporaryDirectory(
+                    prefix=f"bench-{tool}-", dir=os.environ.get("BENCH_TMP")
+                ) as tmp:
                     work = Path(tmp)
                     small, big = work / "src-small", work / "src-big.bin"
                     make_small_files(small, args.files, seed=i)
@@ -217,7 +227,13 @@ def main() -> None:
         for k, v in medians["tierdata"].items():
             if not k.endswith("bytes") and medians["dvc"].get(k):
                 ratios[k] = round(medians["dvc"][k] / v, 2)
-    report = {"runs": runs, "median": medians, "speedup_vs_dvc": ratios, "files": args.files, "big_mib": args.big_mib}
+    report = {
+        "runs": runs,
+        "median": medians,
+        "speedup_vs_dvc": ratios,
+        "files": args.files,
+        "big_mib": args.big_mib,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps({"median": medians, "speedup_vs_dvc": ratios}, indent=1))
@@ -233,7 +249,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [k for k in ("add", "checkout", "readd", "big_add", "big_edit", "push", "pull") if k in report["median"]["tierdata"]]
+    steps = [
+        k
+        for k in ("add", "checkout", "readd", "big_add", "big_edit", "push", "pull")
+        if k in report["median"]["tierdata"]
+    ]
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.38
     for j, tool in enumerate(("tierdata", "dvc")):

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 from cachetier.errors import BadInputError
 from cachetier.store import Store
 
-__all__ = ["open_store", "normalize_url"]
+__all__ = ["normalize_url", "open_store"]
 
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "file": ("cachetier.localstore", "LocalStore", "tierdata"),
@@ -39,11 +39,15 @@ def open_store(url: str, **options: Any) -> Store:
         module_name, class_name, package = _BACKENDS[parsed.scheme]
     except KeyError:
         known = ", ".join(sorted(_BACKENDS))
-        raise BadInputError(f"unsupported URL scheme {parsed.scheme!r} (known: {known})", subject=url) from None
+        raise BadInputError(
+            f"unsupported URL scheme {parsed.scheme!r} (known: {known})", subject=url
+        ) from None
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ImportError(f"{url}: the {parsed.scheme}:// backend needs {package!r}: pip install {package}") from e
+        raise ImportError(
+            f"{url}: the {parsed.scheme}:// backend needs {package!r}: pip install {package}"
+        ) from e
     cls = getattr(module, class_name)
     if parsed.scheme == "file":
         return cls(unquote(parsed.path), **options)

@@ -105,7 +105,7 @@ class Store(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not support compare-and-swap")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections and handles; the store may not be used afterwards."""
 
     def __enter__(self) -> Store:

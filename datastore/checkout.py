@@ -34,7 +34,7 @@ from datastore.shards import read_shard
 if TYPE_CHECKING:
     from datastore.repo import Repo, VersionInfo
 
-__all__ = ["FORMATS", "materialize", "safe_target", "iter_version_tables"]
+__all__ = ["FORMATS", "iter_version_tables", "materialize", "safe_target"]
 
 FORMATS = ("jsonl", "parquet", "csv", "text", "files")
 _EXT = {"jsonl": "jsonl", "parquet": "parquet", "csv": "csv", "text": "txt"}
@@ -45,7 +45,9 @@ def materialize(repo: Repo, info: VersionInfo, target: Path, *, format: str | No
     """Write the data of version ``info`` into ``target``; return counts (files, records, bytes)."""
     fmt = format or _default_format(info)
     if fmt not in FORMATS:
-        raise BadInputError(f"unknown checkout format {fmt!r} (expected one of {', '.join(FORMATS)})", subject=fmt)
+        raise BadInputError(
+            f"unknown checkout format {fmt!r} (expected one of {', '.join(FORMATS)})", subject=fmt
+        )
     names = [f["name"] for f in info.record.schema.get("fields", [])]
     is_files = {"path", "data", "chunks"} <= set(names)
     if fmt == "files" and not is_files:
@@ -62,7 +64,9 @@ def materialize(repo: Repo, info: VersionInfo, target: Path, *, format: str | No
     return _write_parts(repo, info, target, fmt)
 
 
-def iter_version_tables(repo: Repo, info: VersionInfo, columns: list[str] | None = None) -> Iterator[pa.Table]:
+def iter_version_tables(
+    repo: Repo, info: VersionInfo, columns: list[str] | None = None
+) -> Iterator[pa.Table]:
     """Yield each shard of the version as a verified, decoded table, in version order."""
     table = repo.shard_table(info.version)
     for _oid, data in repo.objects.get_many(table.hashes()):
@@ -137,7 +141,9 @@ def safe_target(root: Path, relpath: str, checked_dirs: set[str] | None = None) 
         or any(part in ("", ".", "..") for part in relpath.split("/"))
     )
     if bad:
-        raise BadInputError(f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath)
+        raise BadInputError(
+            f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath
+        )
     path = root.joinpath(*relpath.split("/"))
     parent = str(path.parent)
     if checked_dirs is None or parent not in checked_dirs:

@@ -19,7 +19,7 @@ from typing import Any
 
 from cachetier.errors import TierdataError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 log = logging.getLogger("tierdata")
 
@@ -48,7 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("TIERDATA_DEBUG"):
             raise
-        return _fail(args, f"internal error: {type(e).__name__}: {e} (set TIERDATA_DEBUG=1 for a traceback)", "InternalError")
+        return _fail(
+            args,
+            f"internal error: {type(e).__name__}: {e} (set TIERDATA_DEBUG=1 for a traceback)",
+            "InternalError",
+        )
     if isinstance(result, int):
         return result
     return 0
@@ -97,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("init", cmd_init, "create (or attach to) a repository and write .dataset/")
-    p.add_argument("url", nargs="?", default="data-repo", help="local path or s3://bucket/prefix (default: ./data-repo)")
+    p.add_argument(
+        "url", nargs="?", default="data-repo", help="local path or s3://bucket/prefix (default: ./data-repo)"
+    )
     p.add_argument("--endpoint", help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
 
     p = command("ingest", cmd_ingest, "read sources, write shards, stage them")
@@ -141,6 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="DIR")
     p.add_argument("--format", choices=["jsonl", "parquet", "csv", "text", "files"])
 
+    p = command("dedup", cmd_dedup, "new version without duplicates, with an audit of what was removed")
+    p.add_argument("ref", nargs="?", help="the version to deduplicate (default HEAD)")
+    p.add_argument("--method", default="minhash", choices=["exact", "minhash"])
+    p.add_argument("--threshold", type=float, default=0.8, help="Jaccard threshold for near duplicates")
+    p.add_argument("--num-perm", type=int, default=128)
+    p.add_argument("--text-column", metavar="COL")
+    p.add_argument("--scheduler", metavar="ADDR", help="a dask.distributed scheduler (tcp://host:8786)")
+    p.add_argument("-m", "--message")
+
     p = command("cache", cmd_cache, "the node cache: stats | warm REF | evict | serve")
     p.add_argument("action", choices=["stats", "warm", "evict", "serve"])
     p.add_argument("ref", nargs="?", help="with warm: the version to fetch ahead (default HEAD)")
@@ -148,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssd-bytes", type=_byte_size, metavar="N")
     p.add_argument("--cache-dir", metavar="D")
     p.add_argument("--tier", choices=["ram", "ssd"], help="warm/evict: one tier (warm default: ssd)")
-    p.add_argument("--metrics-port", type=int, default=9108, metavar="P", help="serve: Prometheus port (0: any)")
-    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="serve: seconds between rebalances")
+    p.add_argument(
+        "--metrics-port", type=int, default=9108, metavar="P", help="serve: Prometheus port (0: any)"
+    )
+    p.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="serve: seconds between rebalances"
+    )
 
     p = command("verify", cmd_verify, "re-hash everything a version references")
     p.add_argument("ref", nargs="?")
@@ -164,7 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common_options(default: Any) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=default, help="machine-readable output on stdout")
+    common.add_argument(
+        "--json", action="store_true", default=default, help="machine-readable output on stdout"
+    )
     common.add_argument("-v", "--verbose", action="store_true", default=default, help="debug logs on stderr")
     common.add_argument("-C", dest="chdir", metavar="DIR", default=default, help="run as if started in DIR")
     return common
@@ -180,12 +201,23 @@ def _in_dir(handler: Handler) -> Handler:
 
 
 def _byte_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-             "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    units = {
+        "": 1,
+        "B": 1,
+        "K": 1 << 10,
+        "KB": 1 << 10,
+        "KIB": 1 << 10,
+        "M": 1 << 20,
+        "MB": 1 << 20,
+        "MIB": 1 << 20,
+        "G": 1 << 30,
+        "GB": 1 << 30,
+        "GIB": 1 << 30,
+    }
     raw = text.strip().upper()
     number = raw.rstrip("KMGIB")
     try:
-        value = float(number) * units[raw[len(number):]]
+        value = float(number) * units[raw[len(number) :]]
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 33554432, 32MB, 1GiB)") from None
     if value <= 0:
@@ -226,7 +258,11 @@ def cmd_init(args: argparse.Namespace) -> None:
 
     options = {"endpoint": args.endpoint} if args.endpoint else {}
     repo = Repo.init(args.url, workspace=".", **options)
-    _emit(args, {"repo": repo.url, "branch": repo.head.branch}, lambda d: f"repository {d['repo']} (branch {d['branch']})")
+    _emit(
+        args,
+        {"repo": repo.url, "branch": repo.head.branch},
+        lambda d: f"repository {d['repo']} (branch {d['branch']})",
+    )
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
@@ -246,7 +282,8 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         args,
         summary,
         lambda d: (
-            f"staged {d['records']} records in {d['shards']} shards ({_human(d['bytes'])}, {_human(d['new_bytes'])} new)"
+            f"staged {d['records']} records in {d['shards']} shards "
+            f"({_human(d['bytes'])}, {_human(d['new_bytes'])} new)"
             + (f", skipped {d['skipped']} bad records" if d["skipped"] else "")
         ),
     )
@@ -261,7 +298,8 @@ def cmd_status(args: argparse.Namespace) -> None:
         staged = d["staged"]
         if not staged["ingests"]:
             return f"{head}\nnothing staged"
-        return f"{head}\nstaged: {staged['records']} records in {staged['shards']} shards ({_human(staged['bytes'])})"
+        size = _human(staged["bytes"])
+        return f"{head}\nstaged: {staged['records']} records in {staged['shards']} shards ({size})"
 
     _emit(args, status, text)
 
@@ -274,7 +312,11 @@ def cmd_version(args: argparse.Namespace) -> None:
 
         raise UsageError("a version needs a message", subject="version", hint="dataset version -m MESSAGE")
     info = _open().commit(args.message, tag=args.tag, replace=args.replace)
-    _emit(args, info.to_dict(), lambda d: f"version {d['version'][:12]}: {d['records']} records, {d['shards']} shards")
+    _emit(
+        args,
+        info.to_dict(),
+        lambda d: f"version {d['version'][:12]}: {d['records']} records, {d['shards']} shards",
+    )
     return None
 
 
@@ -336,11 +378,17 @@ def cmd_branch(args: argparse.Namespace) -> None:
         _emit(
             args,
             branches,
-            lambda d: "\n".join(f"{'*' if k == current else ' '} {k}  {v[:12]}" for k, v in sorted(d.items())),
+            lambda d: "\n".join(
+                f"{'*' if k == current else ' '} {k}  {v[:12]}" for k, v in sorted(d.items())
+            ),
         )
         return
     version = repo.branch(args.name, args.ref)
-    _emit(args, {"branch": args.name, "version": version}, lambda d: f"branch {d['branch']} -> {d['version'][:12]}")
+    _emit(
+        args,
+        {"branch": args.name, "version": version},
+        lambda d: f"branch {d['branch']} -> {d['version'][:12]}",
+    )
 
 
 def cmd_checkout(args: argparse.Namespace) -> None:
@@ -350,7 +398,32 @@ def cmd_checkout(args: argparse.Namespace) -> None:
     _emit(
         args,
         data,
-        lambda d: f"HEAD is now {args.ref} ({d['version'][:12]})" + (f"; data written to {d['to']}" if d["to"] else ""),
+        lambda d: (
+            f"HEAD is now {args.ref} ({d['version'][:12]})"
+            + (f"; data written to {d['to']}" if d["to"] else "")
+        ),
+    )
+
+
+def cmd_dedup(args: argparse.Namespace) -> None:
+    repo = _open()
+    result = repo.dedup(
+        args.ref,
+        method=args.method,
+        threshold=args.threshold,
+        num_perm=args.num_perm,
+        text_column=args.text_column,
+        scheduler=args.scheduler,
+        message=args.message,
+    )
+    _emit(
+        args,
+        result,
+        lambda d: (
+            f"version {d['version'][:12]}: removed {d['removed_records']} of {d['records']} records "
+            f"({d['exact_removed']} exact, {d['near_removed']} near) in {d['clusters']} clusters; "
+            f"audit {d['audit'][:12]}"
+        ),
     )
 
 
@@ -381,8 +454,18 @@ def cmd_cache(args: argparse.Namespace) -> None:
         repo = _open()
         with TieredStore(repo.objects, config) as cache:
             table = repo.shard_table(args.ref)
-            result = {"version": repo.resolve(args.ref), **cache.warm([*table.hashes(), *table.chunk_ids()], tier=args.tier or "ssd")}
-        _emit(args, result, lambda d: f"warmed {d['requested']} objects: {d['admitted']} admitted, {d['cached']} already cached, {d['refused']} refused, {d['failed']} failed")
+            result = {
+                "version": repo.resolve(args.ref),
+                **cache.warm([*table.hashes(), *table.chunk_ids()], tier=args.tier or "ssd"),
+            }
+        _emit(
+            args,
+            result,
+            lambda d: (
+                f"warmed {d['requested']} objects: {d['admitted']} admitted, {d['cached']} already cached, "
+                f"{d['refused']} refused, {d['failed']} failed"
+            ),
+        )
         return
     with TieredStore(None, config) as cache:
         if args.action == "evict":
@@ -396,7 +479,8 @@ def cmd_cache(args: argparse.Namespace) -> None:
         for name, t in d["tiers"].items():
             if "budget" in t:
                 rows.append(
-                    f"{name:5} {_human(t['bytes_used']):>10} {_human(t['budget']):>10} {t['hits']:>8} {t['misses']:>8} {t['evictions']:>9}"
+                    f"{name:5} {_human(t['bytes_used']):>10} {_human(t['budget']):>10} "
+                    f"{t['hits']:>8} {t['misses']:>8} {t['evictions']:>9}"
                 )
         return "\n".join(rows)
 
@@ -409,7 +493,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     def text(d: dict[str, Any]) -> str:
         lines = [f"{p['problem']} {p['kind']} {p['object']}: {p['message']}" for p in d["problems"]]
         verdict = "ok" if d["ok"] else f"{len(d['problems'])} problem(s)"
-        lines.append(f"{verdict}: checked {d['objects']} objects ({_human(d['bytes'])}) of {d['versions']} version(s)")
+        lines.append(
+            f"{verdict}: checked {d['objects']} objects ({_human(d['bytes'])}) of {d['versions']} version(s)"
+        )
         return "\n".join(lines)
 
     _emit(args, report, text)

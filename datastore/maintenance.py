@@ -19,13 +19,14 @@ from versioning import load_shard_table, load_version, reachable, unreachable
 if TYPE_CHECKING:
     from datastore.repo import Repo
 
-__all__ = ["verify", "gc"]
+__all__ = ["gc", "verify"]
 
 
 def verify(repo: Repo, version: str | None) -> dict[str, Any]:
     """Check ``version`` (None: every version some branch or tag reaches).
 
-    Returns ``{"ok", "versions", "objects", "bytes", "problems": [{"object", "kind", "problem", "message"}]}``.
+    Returns ``{"ok", "versions", "objects", "bytes", "problems"}``; each problem is
+    ``{"object", "kind", "problem" (missing | corrupt), "message"}``.
     """
     problems: list[dict[str, str]] = []
     if version is None:

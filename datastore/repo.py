@@ -17,7 +17,8 @@ import getpass
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from versioning import (
 )
 from versioning import diff as diff_versions
 
-__all__ = ["DEFAULT_BRANCH", "Repo", "VersionInfo", "schema_to_dict", "schema_from_dict"]
+__all__ = ["DEFAULT_BRANCH", "Repo", "VersionInfo", "schema_from_dict", "schema_to_dict"]
 
 DEFAULT_BRANCH = "main"
 REPO_FORMAT = 1
@@ -93,7 +94,11 @@ class Repo:
     # -- opening ----------------------------------------------------------------------------
     @classmethod
     def init(
-        cls, url: str | os.PathLike[str] = "data-repo", *, workspace: str | os.PathLike[str] | None = ".", **options: Any
+        cls,
+        url: str | os.PathLike[str] = "data-repo",
+        *,
+        workspace: str | os.PathLike[str] | None = ".",
+        **options: Any,
     ) -> Repo:
         """Create the repository at ``url`` (or attach to an existing one) and a workspace.
 
@@ -106,12 +111,20 @@ class Repo:
         if ensure_bucket is not None:
             ensure_bucket()
         algorithm = _init_repo_json(store)
-        ws = Workspace.create(workspace, url, settings=_public_options(options)) if workspace is not None else None
+        ws = (
+            Workspace.create(workspace, url, settings=_public_options(options))
+            if workspace is not None
+            else None
+        )
         return cls(store, workspace=ws, algorithm=algorithm)
 
     @classmethod
     def open(
-        cls, url: str | os.PathLike[str] | None = None, *, workspace: str | os.PathLike[str] | None = None, **options: Any
+        cls,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        **options: Any,
     ) -> Repo:
         """Open a repository by URL, or the one of the workspace found in ``workspace`` / cwd."""
         ws: Workspace | None = None
@@ -290,14 +303,22 @@ class Repo:
         """
         staged = self.staged()
         if not staged or not staged["ingests"]:
-            raise UsageError("nothing staged to commit", subject="staging", hint="run `dataset ingest SRC...` first")
+            raise UsageError(
+                "nothing staged to commit", subject="staging", hint="run `dataset ingest SRC...` first"
+            )
         branch = self._require_branch("commit")
         if tag is not None:
             validate_ref_name(tag, "tag")
             if self.refs.get_tag(tag) is not None:
-                raise UsageError(f"tag {tag!r} already exists", subject=tag, hint="tags never move; pick another name")
+                raise UsageError(
+                    f"tag {tag!r} already exists", subject=tag, hint="tags never move; pick another name"
+                )
         ingests = staged["ingests"]
-        shards = [ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0}) for i in ingests for s in i["shards"]]
+        shards = [
+            ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
+            for i in ingests
+            for s in i["shards"]
+        ]
         missing = [entry.hash for entry in shards if not self.objects.exists(entry.hash)]
         if missing:
             raise NotFoundError(
@@ -305,11 +326,15 @@ class Repo:
                 subject=f"object {missing[0]}",
                 hint="run `dataset status`, then re-ingest the sources",
             )
+        dedup = next((i["dedup"] for i in ingests if i.get("dedup")), None)
         operation = make_operation(
             "replace" if replace else ("ingest" if staged.get("base") is None else "append"),
-            params=ingests[0]["params"],
+            params={**ingests[0]["params"], **({"dedup": dedup["params"]} if dedup else {})},
             sources=[s for i in ingests for s in i["sources"]],
+            audit=dedup["audit"] if dedup else None,
         )
+        if dedup:
+            operation["result"] = {"removed_records": dedup["removed_records"], "clusters": dedup["clusters"]}
         version, record = commit(
             self.store,
             self.objects,
@@ -412,7 +437,9 @@ class Repo:
         """Tag name → version id."""
         return self.refs.list_tags()
 
-    def checkout(self, ref: str, *, to: str | os.PathLike[str] | None = None, format: str | None = None) -> VersionInfo:
+    def checkout(
+        self, ref: str, *, to: str | os.PathLike[str] | None = None, format: str | None = None
+    ) -> VersionInfo:
         """Switch HEAD to ``ref``; with ``to``, also write the version's data into that folder.
 
         A branch is checked out attached (commits go there); a tag or id detaches HEAD.
@@ -429,6 +456,130 @@ class Repo:
         else:
             self._set_head(Head(version=info.version))
         return info
+
+    # -- dedup ------------------------------------------------------------------------------
+    def dedup(
+        self,
+        ref: str | None = None,
+        *,
+        method: str = "minhash",
+        threshold: float = 0.8,
+        num_perm: int = 128,
+        text_column: str | None = None,
+        scheduler: str | None = None,
+        client: Any = None,
+        message: str | None = None,
+    ) -> dict[str, Any]:
+        """Commit a new version of ``ref``'s data (default HEAD) without its duplicates.
+
+        The version goes on HEAD's branch (parent: the branch head); its record holds the
+        parameters, the counts and the audit object id. ``scheduler`` (an address) or
+        ``client`` (a ``distributed.Client``) runs the detection on a dask cluster.
+        Returns ``removed_records``, ``clusters``, ``version``, ``audit`` and more.
+        """
+        from datastore.dedupe import dedup_shards, summary, write_audit
+
+        branch = self._require_branch("dedup")
+        head = self.resolve()
+        info = self.show(ref)
+        config, column = self._dedup_config(info.record.schema, method, threshold, num_perm, text_column)
+        with _dask_client(scheduler, client) as dask_client:
+            entries, result = dedup_shards(
+                self, self.shard_table(info.version), config, column=column, client=dask_client
+            )
+        audit = write_audit(self, result)
+        counts = summary(result, audit)
+        operation = make_operation(
+            "dedup",
+            params={"ref": info.version, "column": column, **result.params},
+            audit=audit,
+        )
+        operation["result"] = {
+            k: counts[k]
+            for k in ("records", "removed_records", "exact_removed", "near_removed", "clusters", "skipped")
+        }
+        text = message or (
+            f"dedup ({config.method}) of {info.version[:12]}: "
+            f"removed {result.removed_records} of {result.records} records"
+        )
+        version = self.commit_table(
+            entries, schema=info.record.schema, base=head, message=text, operation=operation, branch=branch
+        )
+        return {**counts, "version": version.version}
+
+    def dedup_staged(
+        self, *, method: str = "minhash", threshold: float = 0.8, num_perm: int = 128
+    ) -> dict[str, Any]:
+        """Remove from the staged data its duplicates (within it and of the parent's records).
+
+        The parent's records come first in version order, so they are always the ones
+        kept. The staged shards are replaced; the next commit records the dedup.
+        """
+        from datastore.dedupe import dedup_shards, summary, write_audit
+
+        staged = self.staged()
+        if not staged or not staged["ingests"]:
+            raise UsageError(
+                "nothing staged to deduplicate", subject="staging", hint="run `dataset ingest SRC...` first"
+            )
+        schema = staged["ingests"][0]["schema"]
+        config, column = self._dedup_config(
+            schema, method, threshold, num_perm, staged["ingests"][0]["params"].get("text_column")
+        )
+        base = self.shard_table(staged["base"]) if staged.get("base") else ShardTable.from_entries([])
+        new = [
+            ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
+            for i in staged["ingests"]
+            for s in i["shards"]
+        ]
+        table = base.concat(ShardTable.from_entries(new))
+        entries, result = dedup_shards(self, table, config, column=column, first_affected=len(base))
+        audit = write_audit(self, result)
+        kept = entries[len(base) :] if len(base) else entries
+        merged = {
+            **staged["ingests"][0],
+            "shards": [
+                {
+                    "hash": e.hash,
+                    "records": e.records,
+                    "bytes": e.bytes,
+                    "uncompressed_bytes": e.uncompressed_bytes,
+                    "chunks": list(e.chunks),
+                }
+                for e in kept
+            ],
+            "records": sum(e.records for e in kept),
+            "bytes": sum(e.bytes for e in kept),
+            "sources": [src for i in staged["ingests"] for src in i["sources"]],
+        }
+        counts = summary(result, audit)
+        merged["dedup"] = {
+            "params": result.params,
+            "audit": audit,
+            "removed_records": counts["removed_records"],
+            "clusters": counts["clusters"],
+        }
+        self._write_staged({**staged, "ingests": [merged]})
+        return counts
+
+    @staticmethod
+    def _dedup_config(
+        schema: dict[str, Any], method: str, threshold: float, num_perm: int, text_column: str | None
+    ) -> tuple[Any, str]:
+        from datastore.dedupe import content_column
+        from dedup import DedupConfig
+
+        if method not in ("exact", "minhash"):
+            raise BadInputError(
+                f"unknown dedup method {method!r} (expected exact or minhash)", subject=method
+            )
+        column, content = content_column(schema.get("fields", []), text_column)
+        if content == "bytes" and method == "minhash":
+            raise BadInputError(
+                "near-duplicate (minhash) dedup needs a text column; a files dataset supports --method exact",
+                subject=column,
+            )
+        return DedupConfig(method=method, content=content, threshold=threshold, num_perm=num_perm), column
 
     # -- maintenance --------------------------------------------------------------------------
     def verify(self, ref: str | None = None, *, all_refs: bool = False) -> dict[str, Any]:
@@ -448,6 +599,8 @@ class Repo:
         staged = self.staged() or {"ingests": []}
         ids: set[str] = set()
         for ingest in staged["ingests"]:
+            if ingest.get("dedup"):
+                ids.add(ingest["dedup"]["audit"])
             for shard in ingest["shards"]:
                 ids.add(shard["hash"])
                 ids.update(shard["chunks"])
@@ -507,7 +660,9 @@ def _read_repo_json(store: Store) -> str:
         raw = store.get(_REPO_JSON)
     except NotFoundError as e:
         raise NotFoundError(
-            "not a tierdata repository (no repo.json)", subject=store.url, hint="create it with `dataset init URL`"
+            "not a tierdata repository (no repo.json)",
+            subject=store.url,
+            hint="create it with `dataset init URL`",
         ) from e
     try:
         data = json.loads(raw)
@@ -521,6 +676,17 @@ def _read_repo_json(store: Store) -> str:
             hint="upgrade tierdata",
         )
     return str(algorithm)
+
+
+@contextmanager
+def _dask_client(scheduler: str | None, client: Any) -> Iterator[Any]:
+    if client is not None or scheduler is None:
+        yield client
+        return
+    from distributed import Client
+
+    with Client(scheduler) as connected:
+        yield connected
 
 
 def _default_author() -> str:

@@ -19,7 +19,9 @@ __all__ = ["sample_records", "write_sample_jsonl"]
 _VOCABULARY = 5000
 
 
-def sample_records(n: int, *, seed: int = 0, duplicate_rate: float = 0.1, words: int = 120) -> Iterator[dict[str, Any]]:
+def sample_records(
+    n: int, *, seed: int = 0, duplicate_rate: float = 0.1, words: int = 120
+) -> Iterator[dict[str, Any]]:
     """Yield ``n`` records ``{"id", "text", "label", "score"}``; about ``duplicate_rate`` are copies."""
     rng = np.random.default_rng(seed)
     vocab = [f"w{i}" for i in range(_VOCABULARY)]
@@ -36,10 +38,17 @@ def sample_records(n: int, *, seed: int = 0, duplicate_rate: float = 0.1, words:
             length = int(rng.integers(words // 2, words * 2))
             tokens = [vocab[int(k)] for k in rng.choice(_VOCABULARY, size=length, p=probs)]
             kept.append(tokens)
-        yield {"id": i, "text": " ".join(tokens), "label": int(rng.integers(10)), "score": round(float(rng.random()), 6)}
+        yield {
+            "id": i,
+            "text": " ".join(tokens),
+            "label": int(rng.integers(10)),
+            "score": round(float(rng.random()), 6),
+        }
 
 
-def write_sample_jsonl(path: str | os.PathLike[str], n: int, *, seed: int = 0, duplicate_rate: float = 0.1) -> int:
+def write_sample_jsonl(
+    path: str | os.PathLike[str], n: int, *, seed: int = 0, duplicate_rate: float = 0.1
+) -> int:
     """Write ``n`` sample records as JSON lines; return the number of bytes written."""
     with open(path, "w", encoding="utf-8") as f:
         for record in sample_records(n, seed=seed, duplicate_rate=duplicate_rate):

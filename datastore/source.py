@@ -47,7 +47,9 @@ class RepoShardSource:
         self.repo = repo
         self.version_id = version_id
         table = repo.shard_table(version_id)
-        self.shards: list[tuple[str, int]] = list(zip(table.hashes(), (int(n) for n in table.records), strict=True))
+        self.shards: list[tuple[str, int]] = list(
+            zip(table.hashes(), (int(n) for n in table.records), strict=True)
+        )
         self.cache = cache
         self._reader: str | None = None
         self._lock = threading.Lock()
@@ -78,7 +80,9 @@ class RepoShardSource:
         return f"RepoShardSource({self.repo.url!r}, {self.version_id[:12]}, {len(self.shards)} shards)"
 
 
-def open_shard_source(repo_or_url: Repo | str | os.PathLike[str], ref: str = "main", cache: Any = None) -> RepoShardSource:
+def open_shard_source(
+    repo_or_url: Repo | str | os.PathLike[str], ref: str = "main", cache: Any = None
+) -> RepoShardSource:
     """Open version ``ref`` of a repository (a :class:`Repo`, URL or path) for the loader.
 
     ``cache``: a :class:`TieredStore` to share, a :class:`CacheConfig`, ``None`` for the

@@ -6,7 +6,8 @@ path, size and mtime) and cache settings. Credentials are never written here.
 
 Files::
 
-    .dataset/config.json     {"repo": URL, "head": {"branch": B} | {"version": ID}, "cache": {...}, "s3": {...}}
+    .dataset/config.json     {"repo": URL, "head": {"branch": B} | {"version": ID},
+                              "cache": {...}, "s3": {...}}
     .dataset/staged.json     {"base": ID | null, "ingests": [ ... ]}  (absent when nothing is staged)
     .dataset/ingest-index/   the ingest index (see datastore.ingestindex)
 
@@ -68,7 +69,9 @@ class Workspace:
         return self.dir / "ingest-index"
 
     @classmethod
-    def create(cls, root: str | os.PathLike[str], repo_url: str, *, settings: dict[str, Any] | None = None) -> Workspace:
+    def create(
+        cls, root: str | os.PathLike[str], repo_url: str, *, settings: dict[str, Any] | None = None
+    ) -> Workspace:
         """Write a new workspace (or re-point an existing one at ``repo_url``)."""
         ws = cls(Path(root).absolute(), repo_url, settings=dict(settings or {}))
         existing = ws.dir / "config.json"
@@ -87,7 +90,9 @@ class Workspace:
             data = json.loads(path.read_text("utf-8"))
         except FileNotFoundError as e:
             raise NotFoundError(
-                "not a tierdata workspace", subject=str(path.parent.parent), hint="run `dataset init [URL]` first"
+                "not a tierdata workspace",
+                subject=str(path.parent.parent),
+                hint="run `dataset init [URL]` first",
             ) from e
         except json.JSONDecodeError as e:
             raise BadInputError(f"corrupt workspace config: {e.msg}", subject=f"{path}:{e.lineno}") from e
@@ -96,7 +101,12 @@ class Workspace:
 
     def save(self) -> None:
         """Write config.json atomically (never with credentials)."""
-        data = {"format": 1, "repo": self.repo_url, "head": self.head.to_dict(), **_without_secrets(self.settings)}
+        data = {
+            "format": 1,
+            "repo": self.repo_url,
+            "head": self.head.to_dict(),
+            **_without_secrets(self.settings),
+        }
         self.write_json("config.json", data)
 
     def set_head(self, head: Head) -> None:

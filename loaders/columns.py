@@ -29,6 +29,7 @@ shard's storage, and could point into read-only, memory-mapped cache pages).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "Slab", "kind_of", "lengths_key", "Rows"]
+__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "Slab", "Chunks", "kind_of", "lengths_key", "Rows"]
 
 Rows = slice | np.ndarray
 
@@ -81,9 +82,9 @@ class Kind:
 class Slab:
     """Rows ``[base, base + rows)`` of a stacked array that holds several shards' values.
 
-    Readers stack the numeric columns of their resident shards in one array per column
-    (one slot per shard, see :class:`loaders.decoded.SlotRing`), so a batch drawn from
-    several shards is one numpy gather instead of one per shard.
+    Readers that shuffle stack the numeric columns of their resident shards in one array
+    per column (see :class:`loaders.decoded.SlotRing`), so a batch drawn from several
+    shards is one numpy gather instead of one per shard.
     """
 
     __slots__ = ("array", "base", "rows")
@@ -94,8 +95,42 @@ class Slab:
         self.rows = rows
 
 
+class Chunks:
+    """A shard's column as its Arrow chunks, viewed as numpy arrays without a copy."""
+
+    __slots__ = ("arrays", "bounds")
+
+    def __init__(self, arrays: Sequence[np.ndarray]) -> None:
+        self.arrays = list(arrays)
+        self.bounds = [0]
+        for a in self.arrays:
+            self.bounds.append(self.bounds[-1] + len(a))
+
+    def take(self, rows: Rows) -> np.ndarray:
+        if isinstance(rows, slice):
+            start, stop = rows.start, rows.stop
+            k = bisect.bisect_right(self.bounds, start) - 1
+            if k + 1 >= len(self.bounds) or stop <= self.bounds[k + 1]:
+                return self.arrays[min(k, len(self.arrays) - 1)][start - self.bounds[k] : stop - self.bounds[k]]
+            parts = []
+            while start < stop:
+                end = min(stop, self.bounds[k + 1])
+                parts.append(self.arrays[k][start - self.bounds[k] : end - self.bounds[k]])
+                start, k = end, k + 1
+            return np.concatenate(parts)
+        if len(self.arrays) == 1:
+            return self.arrays[0][rows]
+        which = np.searchsorted(self.bounds, rows, side="right") - 1
+        first = self.arrays[0]
+        out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
+        for u in np.unique(which).tolist():
+            mask = which == u
+            out[mask] = self.arrays[u][rows[mask] - self.bounds[u]]
+        return out
+
+
 class NumericKind(Kind):
-    """Numbers (primitives, fixed-size lists of them): rows of a stacked numpy array."""
+    """Numbers (primitives, fixed-size lists of them): numpy rows of a :class:`Slab` or :class:`Chunks`."""
 
     name = "numeric"
 
@@ -106,25 +141,26 @@ class NumericKind(Kind):
         """One Arrow chunk as a numpy array ``(n, *shape)`` (a view where Arrow allows)."""
         return _fixed_numpy(chunk, self.shape)
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> Slab:
-        arrays = [self.convert(c) for c in chunks]
-        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return Slab(array, 0, len(array))
+    def prepare(self, chunks: Sequence[pa.Array]) -> Chunks:
+        return Chunks([self.convert(c) for c in chunks])
 
-    def take(self, data: Slab, rows: Rows) -> np.ndarray:
+    def take(self, data: Slab | Chunks, rows: Rows) -> np.ndarray:
+        if isinstance(data, Chunks):
+            return data.take(rows)
         if isinstance(rows, slice):
             return data.array[data.base + rows.start : data.base + rows.stop]
         return data.array[data.base + rows]
 
-    def gather(self, datas: Sequence[Slab], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        array = datas[0].array
-        if all(d.array is array for d in datas):
+    def gather(self, datas: Sequence[Slab | Chunks], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        first = datas[0]
+        if isinstance(first, Slab) and all(isinstance(d, Slab) and d.array is first.array for d in datas):
             bases = np.array([d.base for d in datas], dtype=np.int64)
-            return array[bases[which] + rows]
-        out = np.empty((len(rows), *array.shape[1:]), dtype=array.dtype)
-        for u, data in enumerate(datas):
-            mask = which == u
-            out[mask] = data.array[data.base + rows[mask]]
+            return first.array[bases[which] + rows]
+        pieces = [self.take(d, rows[which == u]) for u, d in enumerate(datas)]
+        sample = next(p for p in pieces if p is not None)
+        out = np.empty((len(rows), *sample.shape[1:]), dtype=sample.dtype)
+        for u, piece in enumerate(pieces):
+            out[which == u] = piece
         return out
 
     def concat(self, pieces: Sequence[np.ndarray]) -> np.ndarray:

@@ -291,10 +291,10 @@ class StreamingDataset(IterableDataset):
         order = needed_shards(plan, touched_windows(plan, part, chunks))
         announce = self.source.announce
         ring = None
-        if plan.k > 1:  # batches gather from several shards: stack their numeric columns
-            # room for the shards held at once (a window's, plus those read ahead), and one for wrapping
+        if plan.shuffle:  # batches gather rows: stack the numeric columns of the resident shards
+            # room for the shards held at once (a window's, plus those read ahead), and slack for wrapping
             largest = np.sort(plan.counts)[::-1]
-            ring = SlotRing(int(largest[: plan.k + self.prefetch + 1].sum() + largest[0]))
+            ring = SlotRing(int(largest[: plan.k + self.prefetch].sum() + largest[0]))
         with ShardPrefetcher(functools.partial(self._decode, plan, ring), order, depth=self.prefetch,
                              threads=_READ_THREADS, announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
                              reserve=None if ring is None else lambda i: ring.reserve(int(plan.counts[i])),

@@ -92,8 +92,9 @@ class SlotRing:
         with self._lock:
             ring = self._arrays.get(name)
             if ring is None or ring.dtype != first.dtype or ring.shape[1:] != first.shape[1:]:
-                if ring is not None:
-                    return kind.prepare(chunks)  # types differ between shards: keep this one apart
+                if ring is not None:  # types differ between shards: keep this one apart
+                    array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                    return Slab(array, 0, len(array))
                 ring = self._arrays[name] = np.empty((self.capacity, *first.shape[1:]), dtype=first.dtype)
         at = base
         for a in arrays:

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 
-def commit_after_barrier(project: str, source: str, message: str, barrier: Any, results: Any, env: dict) -> None:
+def commit_after_barrier(
+    project: str, source: str, message: str, barrier: Any, results: Any, env: dict
+) -> None:
     """Ingest ``source`` in workspace ``project``, wait at ``barrier``, commit; report the outcome."""
     import os
 

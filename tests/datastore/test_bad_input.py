@@ -94,9 +94,14 @@ def test_files_checkout_never_writes_outside_target(cli, local_url: str, tmp_pat
     entries = []
     for shard in write_shards([batch]):
         repo.objects.put(shard.data, shard.hash)
-        entries.append(ShardEntry(shard.hash, shard.records, shard.bytes, shard.uncompressed_bytes, 0, shard.chunks))
+        entries.append(
+            ShardEntry(shard.hash, shard.records, shard.bytes, shard.uncompressed_bytes, 0, shard.chunks)
+        )
     repo.commit_table(
-        entries, schema=schema_to_dict(batch.schema), base=None, message="evil",
+        entries,
+        schema=schema_to_dict(batch.schema),
+        base=None,
+        message="evil",
         operation=make_operation("ingest", params={"format": "files"}),
     )
     out = tmp_path / "box" / "out"

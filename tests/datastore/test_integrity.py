@@ -37,6 +37,7 @@ def test_verify_and_checkout_detect_corruption(cli, local_url: str, tmp_path: Pa
     out = tmp_path / "out"
     failed = cli("checkout", "main", "--to", out, "--format", "jsonl")
     assert failed.code == 1 and ("corrupt" in failed.err or "no such key" in failed.err)
+
     # whatever was written before the failure holds only original records
     def canon(line: str) -> str:
         return json.dumps(json.loads(line), sort_keys=True)

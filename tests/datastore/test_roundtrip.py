@@ -48,7 +48,9 @@ def test_parquet_round_trip_keeps_types(cli, repo_url: str, tmp_path: Path) -> N
             "i8": pa.array([1, -2, None, 4], pa.int8()),
             "u32": pa.array([1, 2, 3, 4], pa.uint32()),
             "f32": pa.array([1.5, None, -0.25, 3.0], pa.float32()),
-            "ts": pa.array([dt.datetime(2024, 1, 1, 12, 0, i) for i in range(4)], pa.timestamp("ms", tz="UTC")),
+            "ts": pa.array(
+                [dt.datetime(2024, 1, 1, 12, 0, i) for i in range(4)], pa.timestamp("ms", tz="UTC")
+            ),
             "d": pa.array([dt.date(2020, 1, i + 1) for i in range(4)], pa.date32()),
             "s": pa.array(["a", None, "ç", ""], pa.string()),
             "b": pa.array([b"\x00\x01", b"", None, b"\xff"], pa.binary()),
@@ -111,9 +113,7 @@ def _make_tree(root: Path) -> dict[str, bytes]:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_files_round_trip_byte_identical(cli, repo_url: str, tmp_path: Path) -> None:

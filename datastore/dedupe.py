@@ -1,0 +1,147 @@
+"""Deduplication as a recorded version: run :mod:`dedup` over a version's records, write the
+kept records as shards, the removed ones as an audit object, and commit.
+
+Only the content column is read for detection (``text`` or the ``--text-column``; the
+``data`` bytes of a ``files`` dataset for exact dedup). Shards with nothing removed are
+reused as they are (no rewrite, no new bytes); shards with removals are filtered and
+re-encoded. The audit object (Parquet) lists every removed record with its global index
+in the parent version, its cluster, the kept representative and the reason; the version
+record's ``operation`` holds the parameters, the counts and the audit object id.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cachetier.errors import BadInputError
+from datastore.recordhash import hash_records
+from datastore.shards import PendingShard, ShardOptions, encode_shard, read_shard
+from dedup import DedupConfig, DedupResult, find_duplicates
+from versioning import ShardEntry, ShardTable
+
+if TYPE_CHECKING:
+    from datastore.repo import Repo
+
+__all__ = ["content_column", "dedup_shards", "write_audit"]
+
+
+def content_column(schema_fields: Sequence[dict[str, Any]], text_column: str | None) -> tuple[str, str]:
+    """Return ``(column, content)``: which column to compare and whether as text or bytes."""
+    names = {f["name"]: f["type"] for f in schema_fields}
+    if text_column:
+        if text_column not in names:
+            raise BadInputError(
+                f"no column {text_column!r} to deduplicate on",
+                subject=text_column,
+                hint=f"columns: {', '.join(names)}",
+            )
+        return text_column, "text"
+    if "text" in names:
+        return "text", "text"
+    if {"path", "data", "chunks"} <= set(names):
+        return "data", "bytes"
+    strings = [n for n, t in names.items() if t in ("string", "large_string")]
+    if len(strings) == 1:
+        return strings[0], "text"
+    raise BadInputError(
+        "cannot tell which column holds the content to deduplicate",
+        subject=", ".join(names),
+        hint="pass --text-column COL",
+    )
+
+
+def dedup_shards(
+    repo: Repo,
+    table: ShardTable,
+    config: DedupConfig,
+    *,
+    column: str,
+    first_affected: int = 0,
+    client: Any = None,
+    shard_size: int | None = None,
+) -> tuple[list[ShardEntry], DedupResult]:
+    """Find duplicates over the shards of ``table``; return the kept shards and the result.
+
+    Records of shards before index ``first_affected`` are never removed (they are the
+    parent's data when deduplicating a staged ingest against it); they still count as
+    the first of their cluster.
+    """
+    hashes = table.hashes()
+
+    def parts() -> Iterator[pa.Table]:
+        for _oid, data in repo.objects.get_many(hashes):
+            yield read_shard(data, [column])
+
+    result = find_duplicates(parts, column=column, config=config, client=client)
+    keep = result.keep.copy()
+    offsets = np.concatenate([[0], np.cumsum([int(n) for n in table.records])])
+    keep[: offsets[first_affected]] = True
+    options = (
+        ShardOptions(shard_size=shard_size, algorithm=repo.algorithm)
+        if shard_size
+        else ShardOptions(algorithm=repo.algorithm)
+    )
+    entries: list[ShardEntry] = []
+    for i, entry in enumerate(table):
+        mask = keep[offsets[i] : offsets[i + 1]]
+        if mask.all():
+            entries.append(entry)
+            continue
+        if not mask.any():
+            continue
+        full = read_shard(repo.objects.get(entry.hash))
+        kept = full.filter(pa.array(mask))
+        digests = hash_records(kept)
+        encoded = encode_shard(PendingShard(kept, digests.hashes, digests.sizes), options)
+        repo.objects.put(encoded.data, encoded.hash)
+        entries.append(
+            ShardEntry(
+                encoded.hash, encoded.records, encoded.bytes, encoded.uncompressed_bytes, 0, encoded.chunks
+            )
+        )
+    return entries, result
+
+
+def write_audit(repo: Repo, result: DedupResult) -> str:
+    """Store the audit as one Parquet object and return its id.
+
+    One row per removed record (``action="removed"``, its cluster, kept representative,
+    reason, and for exact copies the record it copies) and one per record kept without
+    comparison (``action="kept"``, the reason: empty, null, too large, ...). ``record``
+    is the record's index in the deduplicated input, in version order.
+    """
+    removed = result.removed.append_column(
+        "action", pa.array(["removed"] * result.removed.num_rows, pa.string())
+    )
+    skipped = result.skipped.append_column(
+        "action", pa.array(["kept"] * result.skipped.num_rows, pa.string())
+    )
+    audit = pa.concat_tables([removed, skipped], promote_options="default").sort_by("record")
+    buf = io.BytesIO()
+    pq.write_table(audit, buf, compression="zstd")
+    return repo.objects.put(buf.getvalue())
+
+
+def summary(result: DedupResult, audit: str, version: str | None = None) -> dict[str, Any]:
+    """The JSON the CLI prints: ``removed_records``, ``clusters``, ``version`` and more."""
+    s = result.summary()
+    out = {
+        "removed_records": s["removed_records"],
+        "clusters": s["clusters"],
+        "records": s["records"],
+        "kept_records": s["kept_records"],
+        "exact_removed": s["exact_removed"],
+        "near_removed": s["near_removed"],
+        "skipped": s["skipped"],
+        "params": s["params"],
+        "audit": audit,
+    }
+    if version is not None:
+        out["version"] = version
+    return out
