@@ -6,7 +6,9 @@ Generates 20,000 files of 8-12 KB (random-ish: a random 256-byte alphabet per fi
 zstd finds a little to do) and one big random file, ingests each into a fresh local
 repository, then changes 1% of the small files (and 1 MiB inside the big file) and
 re-ingests with the ingest index. Prints wall and CPU seconds and the bytes stored; the
-``--json`` flag writes them as JSON too.
+``--json`` flag writes them as JSON too. ``--edit scattered`` (default) changes files
+picked at random, ``--edit contiguous`` a run of neighbouring files: with scattered edits
+only shards of a few files each keep the new bytes under 10% (see datastore/shards.py).
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ def make_files(root: Path, n: int, seed: int = 0) -> int:
     return total
 
 
-def edit_files(root: Path, fraction: float, seed: int = 1) -> int:
+def edit_files(root: Path, fraction: float, *, scattered: bool, seed: int = 1) -> int:
     rng = np.random.default_rng(seed)
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    picked = rng.choice(len(files), max(1, int(len(files) * fraction)), replace=False)
+    count = max(1, int(len(files) * fraction))
+    if scattered:
+        picked = rng.choice(len(files), count, replace=False)
+    else:  # one run of neighbouring files, e.g. a folder that was regenerated
+        start = int(rng.integers(0, len(files) - count))
+        picked = range(start, start + count)
     for k in picked:
         path = files[int(k)]
         data = bytearray(path.read_bytes())
@@ -75,6 +82,12 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=20_000)
     ap.add_argument("--big-mb", type=int, default=1024)
     ap.add_argument("--shard-size", type=int, default=None, help="bytes (default: the library default)")
+    ap.add_argument(
+        "--edit",
+        choices=["scattered", "contiguous"],
+        default="scattered",
+        help="which 1%% of the files change",
+    )
     ap.add_argument("--work", default="benchmarks/_work/datastore")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
@@ -92,7 +105,7 @@ def main() -> None:
     kw = {"shard_size": args.shard_size} if args.shard_size else {}
     first = timed("ingest files", lambda: ingest([small], objects, index=index, **kw), results)
     timed("re-ingest files, unchanged", lambda: ingest([small], objects, index=index, **kw), results)
-    edit_files(small, 0.01)
+    edit_files(small, 0.01, scattered=args.edit == "scattered")
     time.sleep(0.2)
     again = timed("re-ingest files, 1% changed", lambda: ingest([small], objects, index=index, **kw), results)
     results["re-ingest files, 1% changed"]["new_shard_fraction"] = round(

@@ -46,6 +46,9 @@ __all__ = ["RamTier"]
 
 _BLOCK = 4096
 _TEMP = ".tmp."
+# Map the pages in one call instead of taking a fault per page on first touch (the
+# checksum touches them all): measured 1.6 ms -> see benchmarks/cache per 4 MiB hit.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class RamTier(Store):
@@ -87,7 +90,7 @@ class RamTier(Store):
             return None
         try:
             st = os.fstat(fd)
-            mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) if st.st_size else None
+            mapped = mmap.mmap(fd, st.st_size, flags=_MAP_FLAGS, prot=mmap.PROT_READ) if st.st_size else None
         finally:
             os.close(fd)
         payload = open_frame(mapped, verify=self.verify) if mapped is not None else None

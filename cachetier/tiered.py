@@ -473,11 +473,18 @@ class TieredStore:
         bases = {_base(r.key) for r in residents}
         records = self._stats().lookup(bases)
         uses = self.hints.next_use(bases)
-        ranked = self.policy.rank([
-            Candidate(r.key, r.size, records[_base(r.key)].frequency, records[_base(r.key)].last_access,
-                      uses[_base(r.key)])
-            for r in residents
-        ])  # fmt: skip
+        ranked = self.policy.rank(
+            [
+                Candidate(
+                    r.key,
+                    r.size,
+                    records[_base(r.key)].frequency,
+                    records[_base(r.key)].last_access,
+                    uses[_base(r.key)],
+                )
+                for r in residents
+            ]
+        )
         victims = []
         for c in ranked:
             if over <= 0:

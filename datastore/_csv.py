@@ -78,11 +78,9 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         try:
             reader = pcsv.open_csv(
                 _Prefixed(head, stream),
-                read_options=pcsv.ReadOptions(block_size=4 << 20),
+                read_options=pcsv.ReadOptions(block_size=max(ctx.block_bytes, 1024)),
                 parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
-                convert_options=pcsv.ConvertOptions(
-                    column_types=known, timestamp_parsers=[], strings_can_be_null=False
-                ),
+                convert_options=_convert_options(known),
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
             raise _failure(ctx, delimiter, e, bad_rows) from e
@@ -112,8 +110,10 @@ def _file_schema(ctx: ReadContext, header: pa.Schema, delimiter: str) -> pa.Sche
             raise BadInputError(
                 f"not valid UTF-8 text (column {field.name!r})", subject=f"{display}:{line or 1}"
             )
-    file_schema = pa.schema([pa.field(f.name, f.type) for f in header])
+    file_schema = pa.schema([pa.field(f.name, _normalize(f.type)) for f in header])
     if ctx.schema is None:
+        if not same_types(file_schema, header):  # dates and times: read them again as text
+            ctx.widen(file_schema, f"{display}:1")
         ctx.define_schema(file_schema)
         return file_schema
     wider, column = widen_schema(ctx.schema, file_schema, lenient=True)
@@ -155,20 +155,30 @@ def _failure(ctx, delimiter, error, bad_rows, header: pa.Schema | None = None) -
     return BadInputError(f"cannot parse CSV: {text.splitlines()[0]}", subject=display)
 
 
+def _convert_options(column_types: dict[str, pa.DataType]) -> pcsv.ConvertOptions:
+    """Inference limited to the CSV lattice: no timestamps, and only words are booleans."""
+    return pcsv.ConvertOptions(
+        column_types=column_types,
+        timestamp_parsers=[],
+        strings_can_be_null=False,
+        true_values=["true", "True", "TRUE"],
+        false_values=["false", "False", "FALSE"],
+    )
+
+
+def _normalize(t: pa.DataType) -> pa.DataType:
+    """Dates and times that Arrow recognised stay text, so they come back as written."""
+    if pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t):
+        return pa.string()
+    return t
+
+
 def _value_type(value: str) -> pa.DataType:
-    try:
-        int(value)
-        return pa.int64() if -(2**63) <= int(value) < 2**63 else pa.float64()
-    except ValueError:
-        pass
-    try:
-        float(value)
-        return pa.float64()
-    except ValueError:
-        pass
-    if value.lower() in ("true", "false"):
-        return pa.bool_()
-    return pa.string()
+    """The type Arrow infers for one value (what a whole-file inference would see)."""
+    text = io.StringIO()
+    csv.writer(text).writerows([["v"], [value]])
+    table = pcsv.read_csv(io.BytesIO(text.getvalue().encode()), convert_options=_convert_options({}))
+    return _normalize(table.schema.field(0).type)
 
 
 def _scan(ctx: ReadContext, delimiter: str, bad: Callable[[list[str]], bool]) -> int | None:

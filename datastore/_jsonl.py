@@ -25,8 +25,9 @@ from datastore._input import iter_line_blocks, open_input
 from datastore._schema import normalize_json_schema, same_types, widen_schema
 from datastore._sourcebase import ReadContext
 
-__all__ = ["read_jsonl"]
+__all__ = ["read_jsonl", "scan_jsonl_schema"]
 
+_BOM = b"\xef\xbb\xbf"
 _NON_BLANK = re.compile(rb"[^ \t\r\n]")
 _ARROW_ERRORS = (
     pa.ArrowInvalid,
@@ -43,6 +44,7 @@ def read_jsonl(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         first = True
         for first_line, block in iter_line_blocks(stream, ctx.block_bytes, ctx.spec.display):
             if first:
+                block = block.removeprefix(_BOM)
                 _check_not_array(block, ctx)
                 first = False
             table = _parse_block(block, first_line, ctx)
@@ -53,6 +55,25 @@ def read_jsonl(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         if first:
             ctx.empty_source()
         ctx.stats.hash = tap.hexdigest()
+
+
+def scan_jsonl_schema(path: str, display: str, schema: pa.Schema, block_bytes: int) -> pa.Schema:
+    """Widen ``schema`` by the types of every block of a JSON Lines file (types only).
+
+    Used after repeated restarts, so a file whose columns keep appearing late costs one
+    extra pass instead of one restart per new column. Blocks that do not parse, or whose
+    types conflict, are left to the real pass, which reports them with their line.
+    """
+    with open_input(path, display) as (stream, _):
+        for _, block in iter_line_blocks(stream, block_bytes, display):
+            try:
+                inferred = normalize_json_schema(_parse(block.removeprefix(_BOM), None).schema)
+            except _ARROW_ERRORS:
+                continue
+            wider, _conflict = widen_schema(schema, inferred)
+            if wider is not None:
+                schema = wider
+    return schema
 
 
 def _check_not_array(block: bytes, ctx: ReadContext) -> None:

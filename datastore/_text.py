@@ -1,8 +1,9 @@
 """Plain text reader: one record per line, in one string column (``text`` by default).
 
-Lines end at ``\\n``; a ``\\r`` before it is dropped (Windows line ends), every other
-byte is kept, blank lines included. Lines must be UTF-8 without NUL bytes; a bad line
-fails naming it, or is skipped and counted with ``on_error="skip"``.
+Lines end at ``\\n``; a ``\\r`` before it is dropped (Windows line ends), as is a UTF-8
+byte order mark at the start; every other byte is kept, blank lines included. Lines must
+be UTF-8 without NUL bytes; a bad line fails naming it, or is skipped and counted with
+``on_error="skip"``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def read_text(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
     with open_input(ctx.spec.path, ctx.spec.display, ctx.progress) as (stream, tap):
         empty = True
         for first_line, block in iter_line_blocks(stream, ctx.block_bytes, ctx.spec.display):
+            if empty:
+                block = block.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is no text
             empty = False
             lines = _lines(block, first_line, ctx)
             if len(lines):

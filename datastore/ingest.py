@@ -38,13 +38,14 @@ from datastore.sources import (
     SourceStats,
     read_source,
     resolve_sources,
+    scan_schema,
 )
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "IngestResult", "SourceInfo", "ingest"]
 
 DEFAULT_BLOCK_BYTES = 16 << 20
 INDEX_FILE_NAME = "index.json"
-_MAX_RESTARTS = 64
+_MAX_RESTARTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class SourceInfo:
             "path": self.path,
             "format": self.format,
             "size": self.size,
+            "mtime": self.mtime_ns / 1e9,
             "mtime_ns": self.mtime_ns,
             "hash": self.hash,
             "records": self.records,
@@ -200,13 +202,14 @@ def _ingest_files(specs, up: Uploader, options, settings: _Settings, idx) -> Ing
 
 def _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers, budget) -> IngestResult:
     hint = _schema_hint(specs, idx)
-    for _ in range(_MAX_RESTARTS):
+    for attempt in range(_MAX_RESTARTS):
         up = Uploader(objects, workers=workers, budget=budget)
         try:
             schema, shards, stats = _ingest_tables(specs, up, options, settings, idx, hint)
         except SchemaWidened as widened:
             up.close(cancel=True)
-            hint = widened.schema
+            # A second widening: find every late column in one types-only pass instead.
+            hint = widened.schema if attempt < 1 else scan_schema(specs, widened.schema, settings.block_bytes)
             continue
         except BaseException:
             up.close(cancel=True)
@@ -216,7 +219,11 @@ def _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers
             for spec in specs:
                 idx.remember_schema(spec.path, spec.size, spec.mtime_ns, schema)
         return _result(schema, shards, stats, specs, specs[0].format, options, settings, up, 0)
-    raise BadInputError("the schema kept widening; giving up", subject=specs[0].display)
+    raise BadInputError(
+        "the schema kept changing while reading",
+        subject=specs[0].display,
+        hint="are some JSON keys data rather than column names?",
+    )
 
 
 def _schema_hint(specs: list[SourceSpec], idx: IngestIndex | None) -> pa.Schema | None:

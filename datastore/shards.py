@@ -293,7 +293,7 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
         data=data,
         records=table.num_rows,
         bytes=len(data),
-        uncompressed_bytes=sum(b.nbytes for b in batches),
+        uncompressed_bytes=sum(b.get_total_buffer_size() for b in batches),
         chunks=_referenced_chunks(table),
     )
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 from cachetier.errors import BadInputError, NotFoundError
 from datastore._csv import read_csv
 from datastore._input import compression_of
-from datastore._jsonl import read_jsonl
+from datastore._jsonl import read_jsonl, scan_jsonl_schema
 from datastore._parquet import read_parquet
 from datastore._schema import conform
 from datastore._sourcebase import FORMATS, ReadContext, SchemaWidened, SourceSpec, SourceStats
@@ -41,6 +41,7 @@ __all__ = [
     "read_source",
     "read_table",
     "resolve_sources",
+    "scan_schema",
 ]
 
 _EXTENSIONS = {
@@ -111,6 +112,17 @@ def resolve_sources(paths: Sequence[str | os.PathLike[str]], format: str = "auto
     return specs
 
 
+_MAX_RESTARTS = 16
+
+
+def _too_many_restarts(specs: Sequence[SourceSpec]) -> BadInputError:
+    return BadInputError(
+        "the schema kept changing while reading",
+        subject=specs[0].display,
+        hint="are some JSON keys data rather than column names?",
+    )
+
+
 def _expand_directory(path: str, display: str, format: str) -> list[SourceSpec]:
     found = []
     for folder, dirs, names in os.walk(path):
@@ -125,6 +137,18 @@ def _expand_directory(path: str, display: str, format: str) -> list[SourceSpec]:
         raise BadInputError(f"no {format} files in the directory", subject=display, hint="check --format")
     found.sort(key=lambda s: s.path)
     return found
+
+
+def scan_schema(specs: Sequence[SourceSpec], schema: pa.Schema, block_bytes: int = 16 << 20) -> pa.Schema:
+    """Widen ``schema`` over every JSON Lines source in one types-only pass.
+
+    An ingest that had to restart more than once calls this, so the number of restarts
+    stays small however late new columns appear.
+    """
+    for spec in specs:
+        if spec.format == "jsonl":
+            schema = scan_jsonl_schema(spec.path, spec.display, schema, block_bytes)
+    return schema
 
 
 def read_source(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
@@ -152,7 +176,7 @@ def read_table(
     """Read tabular sources into one in-memory table (small data, tests, previews)."""
     specs = resolve_sources(paths, format)
     hint: pa.Schema | None = None
-    while True:
+    for attempt in range(_MAX_RESTARTS):
         try:
             schema, locked, batches, stats = hint, None, [], []
             for spec in specs:
@@ -164,7 +188,9 @@ def read_table(
                 stats.append(ctx.stats)
             break
         except SchemaWidened as widened:
-            hint = widened.schema
+            hint = widened.schema if attempt < 1 else scan_schema(specs, widened.schema)
+    else:
+        raise _too_many_restarts(specs)
     if schema is None:
         schema = pa.schema([])
     return pa.Table.from_batches([conform(b, schema) for b in batches], schema=schema), stats

@@ -107,22 +107,27 @@ def _load(part: Any) -> pa.Table:
     )
 
 
-def _sketch_task(part: Any, column: str, plan: RunPlan) -> tuple[BatchSketch, float]:
+def _sketch_task(part: Any, column: str, plan: RunPlan) -> tuple[BatchSketch, float, float]:
+    """Stage 1 on a worker; also returns the CPU seconds of loading and of sketching."""
     start = time.thread_time()
-    sketch = sketch_values(column_values(_load(part), column), plan)
-    return sketch, time.thread_time() - start
+    table = _load(part)
+    loaded = time.thread_time()
+    sketch = sketch_values(column_values(table, column), plan)
+    return sketch, loaded - start, time.thread_time() - loaded
 
 
-def _meta_task(result: tuple[BatchSketch, float]) -> tuple[np.ndarray, np.ndarray, float]:
-    sketch, cpu = result
-    return sketch.status, sketch.keys, cpu
+def _meta_task(result: tuple[BatchSketch, float, float]) -> tuple[np.ndarray, np.ndarray, float, float]:
+    sketch, load_cpu, cpu = result
+    return sketch.status, sketch.keys, load_cpu, cpu
 
 
 def _bucket_of(keys: np.ndarray, reducers: int) -> np.ndarray:
     return (fmix64(keys.copy()) % np.uint64(reducers)).astype(np.int64)
 
 
-def _split_task(result: tuple[BatchSketch, float], active: np.ndarray, first: int, reducers: int) -> list:
+def _split_task(
+    result: tuple[BatchSketch, float, float], active: np.ndarray, first: int, reducers: int
+) -> list:
     """Band keys of the active records, cut into ``reducers`` pieces by key."""
     start = time.thread_time()
     keys = result[0].band_keys[:, active]
@@ -166,12 +171,13 @@ def _reduce_task(pieces: list, max_neighbors: int) -> tuple[np.ndarray, float]:
 def _sets_task(
     part: Any, column: str, rows: np.ndarray, first: int, plan: RunPlan
 ) -> tuple[ShingleSets, float]:
+    table = _load(part)
     start = time.thread_time()
-    sets = shingle_sets(column_values(_load(part), column), rows, first, plan)
+    sets = shingle_sets(column_values(table, column), rows, first, plan)
     return sets, time.thread_time() - start
 
 
-def _sigs_task(result: tuple[BatchSketch, float], rows: np.ndarray) -> np.ndarray:
+def _sigs_task(result: tuple[BatchSketch, float, float], rows: np.ndarray) -> np.ndarray:
     return result[0].sigs[:, rows]
 
 
@@ -217,7 +223,7 @@ def find_duplicates_distributed(
     meta = client.gather(
         [client.submit(_meta_task, s, key=f"dedup-meta-{tag}-{k}") for k, s in enumerate(sketches)]
     )
-    cpu = {"sketch": sum(m[2] for m in meta)}
+    cpu = {"load": sum(m[2] for m in meta), "sketch": sum(m[3] for m in meta)}
     sizes = [len(m[0]) for m in meta]
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     status = np.concatenate([m[0] for m in meta]) if meta else np.zeros(0, np.uint8)

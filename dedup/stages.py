@@ -45,6 +45,7 @@ __all__ = [
     "near_active",
     "shingle_sets",
     "sketch_values",
+    "verify_pairs",
 ]
 
 ALGORITHM = "tierdata-dedup/1"

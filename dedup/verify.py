@@ -2,8 +2,8 @@
 
 LSH candidates include pairs below the threshold; verification removes them, so wide
 banding (high recall) costs only these checks. The exact check compares the sets of
-64-bit shingle hashes (:func:`dedup.shingle.poly_hash64`) of the two records: sorted,
-unique arrays, intersected with ``np.searchsorted``.
+64-bit shingle hashes (:func:`dedup.shingle.word_shingle_hash64` and its char-mode twin)
+of the two records: sorted, unique arrays, intersected with ``np.searchsorted``.
 """
 
 from __future__ import annotations

@@ -36,14 +36,18 @@ def make_data(folder: Path, shards: int = 6, per_shard: int = 50, features: int 
     for s in range(shards):
         ids = np.arange(s * per_shard, (s + 1) * per_shard, dtype=np.int64)
         x = rng.standard_normal((per_shard, features)).astype(np.float32)
-        table = pa.table({
-            "id": ids,
-            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), features),
-            "y": (x.sum(axis=1) > 0).astype(np.int64),
-        })
+        table = pa.table(
+            {
+                "id": ids,
+                "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), features),
+                "y": (x.sum(axis=1) > 0).astype(np.int64),
+            }
+        )
         options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.OSFile(str(folder / f"part-{s:03d}.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        with (
+            pa.OSFile(str(folder / f"part-{s:03d}.arrow"), "wb") as sink,
+            pa.ipc.new_file(sink, table.schema, options=options) as writer,
+        ):
             writer.write_table(table)
 
 
@@ -83,10 +87,19 @@ def train(args: argparse.Namespace) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     ckpt_path, log_path = run / "checkpoint.pt", run / "seen.txt"
 
-    dataset = StreamingDataset(ArrowFileSource.from_dir(args.data), columns=["id", "x", "y"], shuffle=True,
-                               seed=args.seed, batch_size=args.batch_size)
-    loader = StreamingDataLoader(dataset, num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
-                                 worker_init_fn=_record_worker_pid(args.pid_file))
+    dataset = StreamingDataset(
+        ArrowFileSource.from_dir(args.data),
+        columns=["id", "x", "y"],
+        shuffle=True,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    loader = StreamingDataLoader(
+        dataset,
+        num_workers=args.num_workers,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_record_worker_pid(args.pid_file),
+    )
     batches = DevicePrefetcher(loader)  # a pass-through without a GPU
     device = batches.device
     torch.manual_seed(args.seed)
@@ -102,34 +115,43 @@ def train(args: argparse.Namespace) -> dict:
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         with open(log_path, "r+b") as f:
             f.truncate(ckpt["log_bytes"])
-    log = open(log_path, "a")
-    loss = torch.tensor(0.0)
-    for epoch in range(start_epoch, args.epochs):
-        dataset.set_epoch(epoch)  # keeps a loaded position in this epoch
-        for batch in batches:
-            loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            log.write("".join(f"{epoch} {i}\n" for i in batch["id"].tolist()))
-            step += 1
-            if step % args.checkpoint_every == 0:
-                log.flush()
-                os.fsync(log.fileno())
-                save_checkpoint(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(),
-                                            "loader": batches.state_dict(), "epoch": epoch, "step": step,
-                                            "log_bytes": log.tell()})
-            if step == args.crash_after:
-                log.flush()
-                if args.shm_report:
-                    Path(args.shm_report).write_text(json.dumps(linked_shared_memory()))
-                os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: nothing gets cleaned up
-    log.close()
+    with open(log_path, "a") as log:
+        loss = torch.tensor(0.0)
+        for epoch in range(start_epoch, args.epochs):
+            dataset.set_epoch(epoch)  # keeps a loaded position in this epoch
+            for batch in batches:
+                loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                log.write("".join(f"{epoch} {i}\n" for i in batch["id"].tolist()))
+                step += 1
+                if step % args.checkpoint_every == 0:
+                    log.flush()
+                    os.fsync(log.fileno())
+                    save_checkpoint(
+                        ckpt_path,
+                        {
+                            "model": model.state_dict(),
+                            "opt": opt.state_dict(),
+                            "loader": batches.state_dict(),
+                            "epoch": epoch,
+                            "step": step,
+                            "log_bytes": log.tell(),
+                        },
+                    )
+                if step == args.crash_after:
+                    log.flush()
+                    if args.shm_report:
+                        Path(args.shm_report).write_text(json.dumps(linked_shared_memory()))
+                    os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: nothing gets cleaned up
     return {"steps": step, "epochs": args.epochs, "loss": float(loss)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", required=True, help="folder of Arrow IPC shard files")
     parser.add_argument("--make-data", action="store_true", help="write a small dataset into --data and exit")
     parser.add_argument("--run", help="folder for the checkpoint and the log of seen samples")

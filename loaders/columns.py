@@ -39,7 +39,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["Kind", "NumericKind", "RaggedKind", "ListKind", "Slab", "Chunks", "kind_of", "lengths_key", "Rows"]
+__all__ = [
+    "Chunks",
+    "Kind",
+    "ListKind",
+    "NumericKind",
+    "RaggedKind",
+    "Rows",
+    "Slab",
+    "kind_of",
+    "lengths_key",
+]
 
 Rows = slice | np.ndarray
 
@@ -111,7 +121,9 @@ class Chunks:
             start, stop = rows.start, rows.stop
             k = bisect.bisect_right(self.bounds, start) - 1
             if k + 1 >= len(self.bounds) or stop <= self.bounds[k + 1]:
-                return self.arrays[min(k, len(self.arrays) - 1)][start - self.bounds[k] : stop - self.bounds[k]]
+                return self.arrays[min(k, len(self.arrays) - 1)][
+                    start - self.bounds[k] : stop - self.bounds[k]
+                ]
             parts = []
             while start < stop:
                 end = min(stop, self.bounds[k + 1])
@@ -225,7 +237,9 @@ class ListKind(Kind):
     """Strings, binaries and any other type: Python values, made once per shard.
 
     The whole column is converted when the shard is decoded, so a batch, shuffled or
-    not, is a list of references to existing objects: no per-batch Arrow calls.
+    not, is a list of references to existing objects: no per-batch Arrow calls. Readers
+    that shuffle stack the values in an object array (a :class:`Slab`) to gather them
+    in one numpy call.
     """
 
     name = "list"
@@ -233,13 +247,21 @@ class ListKind(Kind):
     def prepare(self, chunks: Sequence[pa.Array]) -> list[Any]:
         return [v for c in chunks for v in c.to_pylist()]
 
-    def take(self, data: list[Any], rows: Rows) -> list[Any]:
+    def take(self, data: list[Any] | Slab, rows: Rows) -> list[Any]:
+        if isinstance(data, Slab):
+            if isinstance(rows, slice):
+                return data.array[data.base + rows.start : data.base + rows.stop].tolist()
+            return data.array[data.base + rows].tolist()
         if isinstance(rows, slice):
             return data[rows]
         return [data[r] for r in rows.tolist()]
 
-    def gather(self, datas: Sequence[list[Any]], which: np.ndarray, rows: np.ndarray) -> list[Any]:
-        return [datas[u][r] for u, r in zip(which.tolist(), rows.tolist())]
+    def gather(self, datas: Sequence[list[Any] | Slab], which: np.ndarray, rows: np.ndarray) -> list[Any]:
+        first = datas[0]
+        if isinstance(first, Slab) and all(isinstance(d, Slab) and d.array is first.array for d in datas):
+            bases = np.array([d.base for d in datas], dtype=np.int64)
+            return first.array[bases[which] + rows].tolist()
+        return [self.take(datas[u], np.array([r]))[0] for u, r in zip(which.tolist(), rows.tolist())]
 
     def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
         return [v for p in pieces for v in p]

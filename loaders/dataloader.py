@@ -45,18 +45,27 @@ class StreamingDataLoader(DataLoader):
     starts the next one, unless ``dataset.set_epoch`` chose another).
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int | None = None, *, drop_last: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        batch_size: int | None = None,
+        *,
+        drop_last: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise UsageError(f"expected a StreamingDataset, got {type(dataset).__name__}", subject="dataset")
         for key in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(key):
-                raise UsageError(f"{key}= does not apply to a streaming dataset", subject=key,
-                                 hint="set shuffle and seed on the StreamingDataset")
+                raise UsageError(
+                    f"{key}= does not apply to a streaming dataset",
+                    subject=key,
+                    hint="set shuffle and seed on the StreamingDataset",
+                )
         if dataset.batch_size is not None:
             if batch_size is not None or drop_last:
                 raise UsageError(
-                    "the dataset already batches (batch_size=%d)" % dataset.batch_size,
+                    f"the dataset already batches (batch_size={dataset.batch_size})",
                     subject="batch_size",
                     hint="leave batch_size and drop_last of the loader unset; set them on the dataset",
                 )

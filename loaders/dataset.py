@@ -26,15 +26,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from cachetier.errors import BadInputError, UsageError
+from loaders.decoded import (
+    DecodedShard,
+    SlotRing,
+    batch_from_pieces,
+    pieces,
+    samples_from_pieces,
+    select_columns,
+)
 from loaders.partition import Partition
 from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
 from loaders.source import ShardSource, open_source
 from loaders.state import LoaderState, WorkerProgress
-from loaders.decoded import DecodedShard, SlotRing, batch_from_pieces, pieces, samples_from_pieces, select_columns
 from loaders.world import World
 
 __all__ = ["StreamingDataset"]
@@ -56,8 +63,15 @@ class _Spec:
     resume_worker: WorkerProgress | None = None
 
     def to_ints(self) -> list[int]:
-        return [self.epoch, self.start, self.rank, self.world_size, self.block, int(self.drop_last),
-                int(self.by_loader)]
+        return [
+            self.epoch,
+            self.start,
+            self.rank,
+            self.world_size,
+            self.block,
+            int(self.drop_last),
+            int(self.by_loader),
+        ]
 
     @classmethod
     def from_ints(cls, v: Sequence[int]) -> _Spec:
@@ -119,11 +133,17 @@ class StreamingDataset(IterableDataset):
         if columns is not None:
             columns = tuple(columns)
             if not columns or not all(isinstance(c, str) for c in columns):
-                raise BadInputError(f"columns={columns!r}", subject="columns", hint="give column names, or None")
+                raise BadInputError(
+                    f"columns={columns!r}", subject="columns", hint="give column names, or None"
+                )
         if batch_size is not None and batch_size < 1:
-            raise BadInputError(f"batch_size={batch_size}", subject="batch_size", hint="use 1 or more, or None")
+            raise BadInputError(
+                f"batch_size={batch_size}", subject="batch_size", hint="use 1 or more, or None"
+            )
         if shuffle_window < 1:
-            raise BadInputError(f"shuffle_window={shuffle_window}", subject="shuffle_window", hint="use 1 or more")
+            raise BadInputError(
+                f"shuffle_window={shuffle_window}", subject="shuffle_window", hint="use 1 or more"
+            )
         self.source: ShardSource = open_source(repo_or_url, ref, cache)
         self.version_id = str(self.source.version_id)
         self._shards = tuple((str(sid), int(n)) for sid, n in self.source.shards)
@@ -164,8 +184,14 @@ class StreamingDataset(IterableDataset):
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan (global order) of ``epoch`` (default: the current one)."""
-        return make_plan(self.version_id, self._shards, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                         shuffle=self.shuffle, window=self.shuffle_window)
+        return make_plan(
+            self.version_id,
+            self._shards,
+            seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            shuffle=self.shuffle,
+            window=self.shuffle_window,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process's iteration stands, as a small JSON-able dict (see loaders.state)."""
@@ -174,16 +200,29 @@ class StreamingDataset(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration; another version, seed or plan is refused."""
         parsed = LoaderState.from_dict(state)
-        parsed.check_compatible(version=self.version_id, seed=self.seed, records=self.records,
-                                shuffle=self.shuffle, window=self.shuffle_window)
+        parsed.check_compatible(
+            version=self.version_id,
+            seed=self.seed,
+            records=self.records,
+            shuffle=self.shuffle,
+            window=self.shuffle_window,
+        )
         self._resume = parsed
         self._epoch = parsed.epoch
         self._progress = None
         self._explicit_epoch = False
 
     def _state(self, epoch: int, consumed: int, worker: WorkerProgress | None = None) -> LoaderState:
-        return LoaderState(version=self.version_id, seed=self.seed, epoch=epoch, consumed=consumed,
-                           records=self.records, shuffle=self.shuffle, window=self.shuffle_window, worker=worker)
+        return LoaderState(
+            version=self.version_id,
+            seed=self.seed,
+            epoch=epoch,
+            consumed=consumed,
+            records=self.records,
+            shuffle=self.shuffle,
+            window=self.shuffle_window,
+            worker=worker,
+        )
 
     def _current_state(self) -> LoaderState:
         p = self._progress
@@ -194,9 +233,15 @@ class StreamingDataset(IterableDataset):
         done = p.skipped + p.chunks
         last_chunk = p.world.worker + (done - 1) * p.world.num_workers if done else -1
         consumed = p.part.consumed_after(p.part.samples_through(last_chunk))
-        progress = WorkerProgress(start=p.part.start, world_size=p.part.world_size, rank=p.part.rank,
-                                  block=p.part.block, num_workers=p.world.num_workers, worker=p.world.worker,
-                                  chunks=done)
+        progress = WorkerProgress(
+            start=p.part.start,
+            world_size=p.part.world_size,
+            rank=p.part.rank,
+            block=p.part.block,
+            num_workers=p.world.num_workers,
+            worker=p.world.worker,
+            chunks=done,
+        )
         return self._state(p.spec.epoch, consumed, progress)
 
     def _fold_progress(self) -> bool:
@@ -237,7 +282,7 @@ class StreamingDataset(IterableDataset):
         return self._ranks if self._ranks is not None else World.detect_ranks()
 
     def _next_spec(self) -> _Spec:
-        if self._channel is not None:
+        if self._channel is not None and get_worker_info() is not None:  # a persistent worker
             return _Spec.from_ints(self._channel[:7])
         if self._loader_spec is not None:
             return self._loader_spec
@@ -253,7 +298,9 @@ class StreamingDataset(IterableDataset):
             if spec is None:
                 ranks = self._detect_ranks()
                 block, drop_last = self._default_block()
-                state = self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
+                state = (
+                    self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
+                )
                 start = 0 if state is None else (state.worker.start if state.worker else state.consumed)
                 spec = _Spec(self._epoch, start, ranks.rank, ranks.world_size, block, drop_last, False)
             part = Partition(spec.start, self.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
@@ -264,8 +311,14 @@ class StreamingDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         spec = self._next_spec()
         world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
-        plan = make_plan(self.version_id, self._shards, seed=self.seed, epoch=spec.epoch, shuffle=self.shuffle,
-                         window=self.shuffle_window)
+        plan = make_plan(
+            self.version_id,
+            self._shards,
+            seed=self.seed,
+            epoch=spec.epoch,
+            shuffle=self.shuffle,
+            window=self.shuffle_window,
+        )
         part = Partition(spec.start, plan.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
         skip = _worker_skip(spec, world)
         chunks = part.worker_chunks(world.worker, world.num_workers, skip)
@@ -278,11 +331,16 @@ class StreamingDataset(IterableDataset):
         shard_id = plan.shard_ids[index]
         table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
         if table.num_rows != plan.counts[index]:
-            raise BadInputError(f"shard has {table.num_rows} records, the version lists {plan.counts[index]}",
-                                subject=shard_id, hint="the source returned another shard than the version names")
+            raise BadInputError(
+                f"shard has {table.num_rows} records, the version lists {plan.counts[index]}",
+                subject=shard_id,
+                hint="the source returned another shard than the version names",
+            )
         return DecodedShard(index, shard_id, table, ring, base)
 
-    def _generate(self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress) -> Iterator[Any]:
+    def _generate(
+        self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress
+    ) -> Iterator[Any]:
         if len(chunks) == 0:
             progress.complete = True
             return
@@ -295,11 +353,15 @@ class StreamingDataset(IterableDataset):
             # room for the shards held at once (a window's, plus those read ahead), and slack for wrapping
             largest = np.sort(plan.counts)[::-1]
             ring = SlotRing(int(largest[: plan.k + self.prefetch].sum() + largest[0]))
-        with ShardPrefetcher(functools.partial(self._decode, plan, ring), order, depth=self.prefetch,
-                             threads=_READ_THREADS, announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
-                             reserve=None if ring is None else lambda i: ring.reserve(int(plan.counts[i])),
-                             release=None if ring is None else lambda base: base is not None and ring.release(base),
-                             ) as shards:
+        with ShardPrefetcher(
+            functools.partial(self._decode, plan, ring),
+            order,
+            depth=self.prefetch,
+            threads=_READ_THREADS,
+            announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
+            reserve=None if ring is None else lambda i: ring.reserve(int(plan.counts[i])),
+            release=None if ring is None else lambda base: base is not None and ring.release(base),
+        ) as shards:
             for c in chunks:
                 pos, n = part.chunk(c)
                 parts = []
@@ -322,9 +384,11 @@ class StreamingDataset(IterableDataset):
         progress.complete = True
 
     def __repr__(self) -> str:
-        return (f"StreamingDataset(version={self.version_id[:12]}, records={self.records}, "
-                f"shards={len(self._shards)}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"batch_size={self.batch_size})")
+        return (
+            f"StreamingDataset(version={self.version_id[:12]}, records={self.records}, "
+            f"shards={len(self._shards)}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"batch_size={self.batch_size})"
+        )
 
 
 def _worker_skip(spec: _Spec, world: World) -> int:
@@ -333,14 +397,20 @@ def _worker_skip(spec: _Spec, world: World) -> int:
     if r is None:
         return 0
     same = (r.start, r.world_size, r.rank, r.block, r.num_workers, r.worker) == (
-        spec.start, spec.world_size, spec.rank, spec.block, world.num_workers, world.worker)
+        spec.start,
+        spec.world_size,
+        spec.rank,
+        spec.block,
+        world.num_workers,
+        world.worker,
+    )
     if not same:
         raise UsageError(
             f"worker state of worker {r.worker}/{r.num_workers} (world {r.world_size}, block {r.block}) "
-            f"does not fit worker {world.worker}/{world.num_workers} (world {spec.world_size}, block {spec.block})",
+            f"does not fit worker {world.worker}/{world.num_workers} "
+            f"(world {spec.world_size}, block {spec.block})",
             subject="loader state",
             hint="resume per-worker states with the same num_workers, world size and batch size, "
-                 "or use StreamingDataLoader, whose state fits any",
+            "or use StreamingDataLoader, whose state fits any",
         )
     return r.chunks
-

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from cachetier.errors import BadInputError
-from loaders.columns import Kind, NumericKind, RaggedKind, Slab, kind_of, lengths_key
+from loaders.columns import Kind, ListKind, NumericKind, RaggedKind, Slab, kind_of, lengths_key
 from loaders.plan import Rows
 
-__all__ = ["DecodedShard", "SlotRing", "select_columns", "pieces", "batch_from_pieces", "samples_from_pieces"]
+__all__ = ["DecodedShard", "SlotRing", "batch_from_pieces", "pieces", "samples_from_pieces", "select_columns"]
 
 Pieces = dict[str, Any]
 
@@ -84,23 +84,36 @@ class SlotRing:
         if not self._regions:
             self._head = 0
 
-    def store(self, name: str, kind: NumericKind, base: int, chunks: Sequence[pa.Array]) -> Slab:
-        """Copy a shard's column into rows from ``base``; the array is made on first use."""
-        arrays = [kind.convert(c) for c in chunks]
-        rows = sum(len(a) for a in arrays)
-        first = arrays[0] if arrays else np.empty((0, *kind.shape))
+    def _ring(self, name: str, dtype: np.dtype, tail: tuple[int, ...]) -> np.ndarray | None:
+        """The array of column ``name`` (made on first use); None if it has another type."""
         with self._lock:
             ring = self._arrays.get(name)
-            if ring is None or ring.dtype != first.dtype or ring.shape[1:] != first.shape[1:]:
-                if ring is not None:  # types differ between shards: keep this one apart
-                    array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-                    return Slab(array, 0, len(array))
-                ring = self._arrays[name] = np.empty((self.capacity, *first.shape[1:]), dtype=first.dtype)
+            if ring is None:
+                ring = self._arrays[name] = np.empty((self.capacity, *tail), dtype=dtype)
+            if ring.dtype != dtype or ring.shape[1:] != tail:
+                return None
+            return ring
+
+    def store(self, name: str, kind: NumericKind, base: int, chunks: Sequence[pa.Array]) -> Slab:
+        """Copy a shard's numeric column into rows from ``base``."""
+        arrays = [kind.convert(c) for c in chunks] or [np.empty((0, *kind.shape))]
+        rows = sum(len(a) for a in arrays)
+        ring = self._ring(name, arrays[0].dtype, arrays[0].shape[1:])
+        if ring is None:  # types differ between shards: keep this one apart
+            array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            return Slab(array, 0, rows)
         at = base
         for a in arrays:
             ring[at : at + len(a)] = a
             at += len(a)
         return Slab(ring, base, rows)
+
+    def store_objects(self, name: str, base: int, values: list[Any]) -> Slab:
+        """Place a shard's Python values in rows from ``base`` of an object array."""
+        ring = self._ring(name, np.dtype(object), ())
+        assert ring is not None
+        ring[base : base + len(values)] = values
+        return Slab(ring, base, len(values))
 
 
 class DecodedShard:
@@ -110,20 +123,31 @@ class DecodedShard:
     otherwise each column keeps its own arrays.
     """
 
-    def __init__(self, index: int, shard_id: str, table: pa.Table, ring: SlotRing | None = None,
-                 base: int | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        shard_id: str,
+        table: pa.Table,
+        ring: SlotRing | None = None,
+        base: int | None = None,
+    ) -> None:
         self.index = index
         self.rows = table.num_rows
         self.kinds: dict[str, Kind] = {}
         self.data: dict[str, Any] = {}
         for name in table.column_names:
-            chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in table.column(name).chunks]
+            chunks = [
+                c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
+                for c in table.column(name).chunks
+            ]
             typ = chunks[0].type if chunks else table.schema.field(name).type
             chunks = chunks or [pa.array([], typ)]
             kind = kind_of(typ)
             try:
                 if ring is not None and base is not None and isinstance(kind, NumericKind):
                     self.data[name] = ring.store(name, kind, base, chunks)
+                elif ring is not None and base is not None and isinstance(kind, ListKind):
+                    self.data[name] = ring.store_objects(name, base, kind.prepare(chunks))
                 else:
                     self.data[name] = kind.prepare(chunks)
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -131,7 +155,8 @@ class DecodedShard:
             self.kinds[name] = kind
             if isinstance(kind, RaggedKind) and lengths_key(name) in table.column_names:
                 raise BadInputError(
-                    f"column {lengths_key(name)!r} clashes with the lengths of variable-length column {name!r}",
+                    f"column {lengths_key(name)!r} clashes with the lengths of "
+                    f"variable-length column {name!r}",
                     subject=lengths_key(name),
                     hint="select columns so the names do not clash",
                 )
@@ -140,19 +165,16 @@ class DecodedShard:
 def pieces(shards: Mapping[int, DecodedShard], rows: Rows) -> tuple[dict[str, Kind], Pieces]:
     """The kinds and the pieces (one per column) of the records addressed by ``rows``.
 
-    ``shards`` holds (at least) every shard ``rows`` refers to, keyed by plan index; for
-    a gather they must be consecutive indices (a window's shards are).
+    ``shards`` holds every shard ``rows`` refers to, keyed by plan index; for a gather,
+    consecutive indices starting at its smallest key (a window's shards are).
     """
     which, where = rows
     if isinstance(which, int):
         shard = shards[which]
         return shard.kinds, {n: k.take(shard.data[n], where) for n, k in shard.kinds.items()}
-    first, last = int(which.min()), int(which.max())
-    if first == last:
-        shard = shards[first]
-        return shard.kinds, {n: k.take(shard.data[n], where) for n, k in shard.kinds.items()}
-    group = [shards[i] for i in range(first, last + 1)]
-    local = which - first
+    first = min(shards)
+    group = [shards[i] for i in range(first, first + len(shards))]
+    local = which - first if first else which
     kinds = group[0].kinds
     try:
         return kinds, {n: k.gather([s.data[n] for s in group], local, where) for n, k in kinds.items()}

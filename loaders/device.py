@@ -12,12 +12,13 @@ unchanged and nothing is read ahead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["to_device", "DevicePrefetcher"]
+__all__ = ["DevicePrefetcher", "to_device"]
 
 
 def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -34,7 +35,11 @@ def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 def _resolve(device: torch.device | str | None) -> torch.device:
     if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
     return torch.device(device)
 
 
@@ -84,7 +89,7 @@ class DevicePrefetcher:
             while pending is not _END:
                 current = torch.cuda.current_stream(self.device)
                 current.wait_stream(stream)
-                _map_tensors(pending, lambda t: _record(t, current))
+                _map_tensors(pending, functools.partial(_record, stream=current))
                 ready = pending
                 nxt = next(batches, _END)
                 pending = _END if nxt is _END else start_copy(nxt)

@@ -48,7 +48,9 @@ class ArrowFileSource:
         self.version_id = version_id if version_id is not None else self._fingerprint()
 
     @classmethod
-    def from_dir(cls, folder: str | os.PathLike[str], pattern: str = "*.arrow", **kwargs: object) -> ArrowFileSource:
+    def from_dir(
+        cls, folder: str | os.PathLike[str], pattern: str = "*.arrow", **kwargs: object
+    ) -> ArrowFileSource:
         """The files in ``folder`` matching ``pattern``, in name order."""
         paths = sorted(Path(folder).glob(pattern))
         if not paths:
@@ -73,8 +75,11 @@ class ArrowFileSource:
             wanted = [n for n in names if not n.startswith("__")] if columns is None else list(columns)
             missing = [c for c in wanted if c not in names]
             if missing:
-                raise BadInputError(f"column {missing[0]!r} is not in the shard", subject=shard_id,
-                                    hint=f"available: {', '.join(n for n in names if not n.startswith('__'))}")
+                raise BadInputError(
+                    f"column {missing[0]!r} is not in the shard",
+                    subject=shard_id,
+                    hint=f"available: {', '.join(n for n in names if not n.startswith('__'))}",
+                )
             indices = [names.index(n) for n in wanted]
             options = pa.ipc.IpcReadOptions(included_fields=indices)
             reader = pa.ipc.open_file(f, options=options)

@@ -30,7 +30,7 @@ import numpy as np
 
 from cachetier.errors import BadInputError
 
-__all__ = ["EpochPlan", "make_plan", "keyed_permutation", "plan_key", "Rows"]
+__all__ = ["EpochPlan", "Rows", "keyed_permutation", "make_plan", "plan_key"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -48,14 +48,24 @@ def plan_key(version: str, seed: int, epoch: int, *salt: int) -> int:
 
 
 def keyed_permutation(n: int, key: int) -> np.ndarray:
-    """A permutation of ``range(n)`` (int64) determined by ``key`` alone."""
-    x = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN + np.uint64(key)
+    """A permutation of ``range(n)`` (int64) determined by ``key`` alone.
+
+    Sort keys are the high 32 bits of a SplitMix64 hash of each index, with the index in
+    the low 32 bits: all distinct, so every sort algorithm (numpy's fast unstable one
+    included) gives the same order.
+    """
+    if n >= 1 << 32:
+        raise BadInputError(f"cannot permute {n} items", subject="shuffle window", hint="use smaller shards")
+    index = np.arange(n, dtype=np.uint64)
+    x = (index + np.uint64(1)) * _GOLDEN + np.uint64(key)
     x ^= x >> np.uint64(30)
     x *= _MIX1
     x ^= x >> np.uint64(27)
     x *= _MIX2
     x ^= x >> np.uint64(31)
-    return np.argsort(x, kind="stable")
+    x &= np.uint64(0xFFFFFFFF00000000)
+    x |= index
+    return np.argsort(x)
 
 
 class _Lru(OrderedDict):
@@ -77,8 +87,16 @@ class EpochPlan:
     window positions into ``(shard, row)`` addresses.
     """
 
-    def __init__(self, version: str, seed: int, epoch: int, shuffle: bool, window: int,
-                 shard_ids: tuple[str, ...], counts: np.ndarray) -> None:
+    def __init__(
+        self,
+        version: str,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int,
+        shard_ids: tuple[str, ...],
+        counts: np.ndarray,
+    ) -> None:
         self.version = version
         self.seed = seed
         self.epoch = epoch
@@ -89,8 +107,11 @@ class EpochPlan:
         m = len(shard_ids)
         self.k = k = window if shuffle else 1
         #: part j of shard i covers its permuted rows [parts[i, j], parts[i, j+1])
-        self.parts = (np.arange(k + 1, dtype=np.int64)[None, :] * counts[:, None]) // k if m else np.zeros((0, k + 1),
-                                                                                                      np.int64)
+        self.parts = (
+            (np.arange(k + 1, dtype=np.int64)[None, :] * counts[:, None]) // k
+            if m
+            else np.zeros((0, k + 1), np.int64)
+        )
         num_windows = m + k - 1 if m else 0
         sizes = np.zeros(num_windows, dtype=np.int64)
         for j in range(k):
@@ -170,11 +191,14 @@ class EpochPlan:
         return result
 
 
-def make_plan(version: str, shards: Sequence[tuple[str, int]], *, seed: int, epoch: int,
-              shuffle: bool, window: int) -> EpochPlan:
+def make_plan(
+    version: str, shards: Sequence[tuple[str, int]], *, seed: int, epoch: int, shuffle: bool, window: int
+) -> EpochPlan:
     """The plan of ``epoch`` over ``shards`` (version order); empty shards are left out."""
     if window < 1:
-        raise BadInputError(f"shuffle window of {window} shards", subject="shuffle_window", hint="use 1 or more")
+        raise BadInputError(
+            f"shuffle window of {window} shards", subject="shuffle_window", hint="use 1 or more"
+        )
     if epoch < 0:
         raise BadInputError(f"epoch {epoch} is negative", subject="epoch")
     kept = [(str(sid), int(n)) for sid, n in shards if int(n) > 0]

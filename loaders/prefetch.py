@@ -37,7 +37,9 @@ class _DaemonPool:
 
     def __init__(self, threads: int, name: str) -> None:
         self._tasks: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)
+        ]
         self._closed = False
         for t in self._threads:
             t.start()
@@ -119,9 +121,17 @@ class ShardPrefetcher:
     the shard is no longer needed (after its load finished).
     """
 
-    def __init__(self, load: Callable[[int, Any], DecodedShard], order: Iterator[int], *, depth: int,
-                 threads: int, announce: Callable[[Sequence[int]], None] | None = None,
-                 reserve: Callable[[int], Any] | None = None, release: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        load: Callable[[int, Any], DecodedShard],
+        order: Iterator[int],
+        *,
+        depth: int,
+        threads: int,
+        announce: Callable[[Sequence[int]], None] | None = None,
+        reserve: Callable[[int], Any] | None = None,
+        release: Callable[[Any], None] | None = None,
+    ) -> None:
         self._load = load
         self._order = order
         self._depth = max(0, depth)
@@ -158,8 +168,10 @@ class ShardPrefetcher:
         self._held = None
         while self._futures and next(iter(self._futures)) < needed.start:
             self._drop_oldest()
-        self._schedule_through(needed.stop - 1 + self._depth)
+        # what is needed now first, so the first batch does not wait behind read-ahead
+        self._schedule_through(needed.stop - 1)
         shards = {i: self._futures[i][0].result() for i in needed if i in self._futures}
+        self._schedule_through(needed.stop - 1 + self._depth)
         self._held = (needed, shards)
         return shards
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from cachetier.errors import BadInputError, UsageError
 
-__all__ = ["LoaderState", "WorkerProgress", "STATE_FORMAT"]
+__all__ = ["STATE_FORMAT", "LoaderState", "WorkerProgress"]
 
 STATE_FORMAT = 1
 _SUBJECT = "loader state"

@@ -96,8 +96,9 @@ def bench_budgets(quick: bool) -> dict[str, Any]:
         n, reads = (40, 150) if quick else (120, 400)
         rng = random.Random(0)
         ids = put_random(ws.objects, [rng.randrange(64 << 10, MiB) for _ in range(n)], seed=1)
-        config = ws.config(ram_bytes=(2 if quick else 8) * MiB, ssd_bytes=(4 if quick else 16) * MiB,
-                           policy="lru")  # fmt: skip
+        config = ws.config(
+            ram_bytes=(2 if quick else 8) * MiB, ssd_bytes=(4 if quick else 16) * MiB, policy="lru"
+        )
         monitor = TieredStore(None, config)
         peaks = {"ram": 0, "ssd": 0}
         stop = threading.Event()
@@ -120,8 +121,10 @@ def bench_budgets(quick: bool) -> dict[str, Any]:
         sampler = threading.Thread(target=sample)
         sampler.start()
         ctx = multiprocessing.get_context("fork")
-        procs = [ctx.Process(target=_random_reader, args=(str(ws.root / "repo"), config, ids, s, reads))
-                 for s in range(3)]  # fmt: skip
+        procs = [
+            ctx.Process(target=_random_reader, args=(str(ws.root / "repo"), config, ids, s, reads))
+            for s in range(3)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -147,7 +150,9 @@ def bench_budgets(quick: bool) -> dict[str, Any]:
         ws.close()
 
 
-def _evict_refill_cycles(ws: Workspace, config: CacheConfig, ids: list[str], monitor: TieredStore) -> list[int]:
+def _evict_refill_cycles(
+    ws: Workspace, config: CacheConfig, ids: list[str], monitor: TieredStore
+) -> list[int]:
     """20 times: evict half the SSD tier, refill it by reading other objects (LRU: churn)."""
     rng = random.Random(7)
     sizes = []
@@ -175,9 +180,17 @@ def bench_epochs(quick: bool) -> dict[str, Any]:
         data = sum(sizes)
         budget = data // 3
         plans = [random.Random(100 + e).sample(ids, n) for e in range(6)]
-        out: dict[str, Any] = {"shards": n, "data_bytes": data, "ssd_budget": budget, "ceiling": budget / data}
-        for label, policy, hints in (("ours", "freq-hint", False), ("ours+hints", "freq-hint", True),
-                                     ("lru", "lru", False)):  # fmt: skip
+        out: dict[str, Any] = {
+            "shards": n,
+            "data_bytes": data,
+            "ssd_budget": budget,
+            "ceiling": budget / data,
+        }
+        for label, policy, hints in (
+            ("ours", "freq-hint", False),
+            ("ours+hints", "freq-hint", True),
+            ("lru", "lru", False),
+        ):
             config = ws.config(label, ram_bytes=0, ssd_bytes=budget, policy=policy)
             per_epoch = []
             with TieredStore(ws.objects, config) as store:
@@ -190,9 +203,14 @@ def bench_epochs(quick: bool) -> dict[str, Any]:
                     per_epoch.append(1 - (store.counters.store.bytes_fetched - fetched) / data)
                 ssd = store.counters.ssd
             later = statistics.fmean(per_epoch[1:])
-            out[label] = {"byte_hit_ratio_per_epoch": per_epoch, "epochs_2_to_5": later,
-                          "of_ceiling": later / (budget / data), "evictions": ssd.evictions,
-                          "map_full": ssd.map_full, "resident_bytes_fraction": _resident_fraction(store, data)}  # fmt: skip
+            out[label] = {
+                "byte_hit_ratio_per_epoch": per_epoch,
+                "epochs_2_to_5": later,
+                "of_ceiling": later / (budget / data),
+                "evictions": ssd.evictions,
+                "map_full": ssd.map_full,
+                "resident_bytes_fraction": _resident_fraction(store, data),
+            }
         out["shard_size_mean"] = statistics.fmean(size_of.values())
         return out
     finally:
@@ -215,9 +233,17 @@ def bench_zipf(quick: bool) -> dict[str, Any]:
         used = sorted({k for _, k in trace.reads})
         ids = {k: ws.objects.put(rng.randbytes(size - 7) + k.to_bytes(7, "little")) for k in used}
         budget = int(0.3 * shards * size)
-        out: dict[str, Any] = {"shards": shards, "shard_bytes": size, "ssd_budget": budget, "reads": len(trace.reads)}
-        for label, policy, hints in (("ours+hints", "freq-hint", True), ("ours", "freq-hint", False),
-                                     ("lru", "lru", False)):  # fmt: skip
+        out: dict[str, Any] = {
+            "shards": shards,
+            "shard_bytes": size,
+            "ssd_budget": budget,
+            "reads": len(trace.reads),
+        }
+        for label, policy, hints in (
+            ("ours+hints", "freq-hint", True),
+            ("ours", "freq-hint", False),
+            ("lru", "lru", False),
+        ):
             config = ws.config(label, ram_bytes=0, ssd_bytes=budget, policy=policy)
             epochs = [-1] * trace.jobs
             started = time.perf_counter()
@@ -230,8 +256,12 @@ def bench_zipf(quick: bool) -> dict[str, Any]:
                     store.read(ids[key], reader=f"job-{job}")
                 fetches = store.counters.store.fetches
                 ssd = store.counters.ssd
-            out[label] = {"hit_ratio": 1 - fetches / len(trace.reads), "seconds": time.perf_counter() - started,
-                          "evictions": ssd.evictions, "map_full": ssd.map_full}  # fmt: skip
+            out[label] = {
+                "hit_ratio": 1 - fetches / len(trace.reads),
+                "seconds": time.perf_counter() - started,
+                "evictions": ssd.evictions,
+                "map_full": ssd.map_full,
+            }
         return out
     finally:
         ws.close()
@@ -276,11 +306,18 @@ def bench_warm(quick: bool) -> dict[str, Any]:
             tiers = {t: store.stats()["tiers"][t]["hits"] for t in ("ram", "ssd")}
         s3.close()
         return {
-            "shards": count, "shard_bytes": size, "server": server.endpoint.kind,
-            "direct_s3_epoch_s": direct_s, "direct_runs": direct_runs, "cold_tiered_epoch_s": cold,
-            "warm_epoch_s": warm_s, "warm_runs": warm_runs, "speedup": direct_s / warm_s,
-            "hits_by_tier": tiers, **ram_copy,
-        }  # fmt: skip
+            "shards": count,
+            "shard_bytes": size,
+            "server": server.endpoint.kind,
+            "direct_s3_epoch_s": direct_s,
+            "direct_runs": direct_runs,
+            "cold_tiered_epoch_s": cold,
+            "warm_epoch_s": warm_s,
+            "warm_runs": warm_runs,
+            "speedup": direct_s / warm_s,
+            "hits_by_tier": tiers,
+            **ram_copy,
+        }
     finally:
         ws.close()
         server.stop()
@@ -292,8 +329,11 @@ def _ram_hit_allocations(store: TieredStore, ids: list[str]) -> dict[str, Any]:
     view = store.read(oid)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {"ram_hit_peak_alloc_bytes": peak, "ram_hit_view_of": type(view.obj).__name__,
-            "ram_hit_shard_bytes": view.nbytes}  # fmt: skip
+    return {
+        "ram_hit_peak_alloc_bytes": peak,
+        "ram_hit_view_of": type(view.obj).__name__,
+        "ram_hit_shard_bytes": view.nbytes,
+    }
 
 
 # -- 5. cold LMDB read against a plain file -------------------------------------------------
@@ -327,7 +367,9 @@ def bench_cold(quick: bool) -> dict[str, Any]:
 
         def lmdb_read() -> float:
             _drop(ws.root / "lmdb" / "data.mdb")
-            t = LmdbTier(SharedEnv(ws.root / "lmdb", map_size=int(budget * 1.1), budget=budget), budget=budget)
+            t = LmdbTier(
+                SharedEnv(ws.root / "lmdb", map_size=int(budget * 1.1), budget=budget), budget=budget
+            )
             started = time.perf_counter()
             for key in values:
                 t.read(key, bytes)
@@ -348,16 +390,28 @@ def bench_cold(quick: bool) -> dict[str, Any]:
             lmdb_runs.append(lmdb_read())
             file_runs.append(file_read())
         lmdb_mbs, file_mbs = statistics.median(lmdb_runs), statistics.median(file_runs)
-        return {"values": count, "value_bytes": size, "lmdb_cold_MiB_s": lmdb_mbs, "file_cold_MiB_s": file_mbs,
-                "ratio": lmdb_mbs / file_mbs, "lmdb_runs": lmdb_runs, "file_runs": file_runs}  # fmt: skip
+        return {
+            "values": count,
+            "value_bytes": size,
+            "lmdb_cold_MiB_s": lmdb_mbs,
+            "file_cold_MiB_s": file_mbs,
+            "ratio": lmdb_mbs / file_mbs,
+            "lmdb_runs": lmdb_runs,
+            "file_runs": file_runs,
+        }
     finally:
         ws.close()
 
 
 # -- report -------------------------------------------------------------------------------
 
-BENCHES = {"budgets": bench_budgets, "epochs": bench_epochs, "zipf": bench_zipf, "warm": bench_warm,
-           "cold": bench_cold}  # fmt: skip
+BENCHES = {
+    "budgets": bench_budgets,
+    "epochs": bench_epochs,
+    "zipf": bench_zipf,
+    "warm": bench_warm,
+    "cold": bench_cold,
+}
 
 
 def verdicts(results: dict[str, Any]) -> dict[str, bool]:
@@ -374,7 +428,9 @@ def verdicts(results: dict[str, Any]) -> dict[str, bool]:
     if "warm" in results:
         w = results["warm"]
         out["4 warm epoch >= 10x faster than S3"] = w["speedup"] >= 10
-        out["4 RAM hit copies nothing"] = w["ram_hit_view_of"] == "mmap" and w["ram_hit_peak_alloc_bytes"] < 64 << 10
+        out["4 RAM hit copies nothing"] = (
+            w["ram_hit_view_of"] == "mmap" and w["ram_hit_peak_alloc_bytes"] < 64 << 10
+        )
     if "cold" in results:
         out["5 cold LMDB >= 0.8x plain file"] = results["cold"]["ratio"] >= 0.8
     return out
@@ -389,15 +445,19 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     if "budgets" in results:
         b = results["budgets"]
-        axes[0].bar(["RAM peak", "SSD peak", "LMDB file\nafter 20 cycles"],
-                    [b["ram_peak_ratio"], b["ssd_peak_ratio"], b["lmdb_file_ratio_after_20_cycles"]])  # fmt: skip
+        axes[0].bar(
+            ["RAM peak", "SSD peak", "LMDB file\nafter 20 cycles"],
+            [b["ram_peak_ratio"], b["ssd_peak_ratio"], b["lmdb_file_ratio_after_20_cycles"]],
+        )
         axes[0].axhline(1.0, color="tab:red", ls="--")
         axes[0].axhline(1.1, color="tab:orange", ls=":")
         axes[0].set_title("1. use / budget")
     if "epochs" in results:
         e = results["epochs"]
         for label in ("ours", "ours+hints", "lru"):
-            axes[1].plot(range(1, 6), [100 * r for r in e[label]["byte_hit_ratio_per_epoch"]], marker="o", label=label)
+            axes[1].plot(
+                range(1, 6), [100 * r for r in e[label]["byte_hit_ratio_per_epoch"]], marker="o", label=label
+            )
         axes[1].axhline(100 * e["ceiling"], color="tab:red", ls="--", label="C/N")
         axes[1].set_title("2. one job: SSD byte hits per epoch (%)")
         axes[1].legend()
@@ -412,7 +472,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if "warm" in results:
             w = results["warm"]
             names += ["S3 direct", "tiers warm"]
-            values += [w["shards"] * w["shard_bytes"] / w[k] / MiB for k in ("direct_s3_epoch_s", "warm_epoch_s")]
+            values += [
+                w["shards"] * w["shard_bytes"] / w[k] / MiB for k in ("direct_s3_epoch_s", "warm_epoch_s")
+            ]
         if "cold" in results:
             names += ["LMDB cold", "file cold"]
             values += [results["cold"]["lmdb_cold_MiB_s"], results["cold"]["file_cold_MiB_s"]]
@@ -424,7 +486,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("which", nargs="+", choices=[*BENCHES, "all"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))

@@ -63,7 +63,7 @@ def run_datasketch(table: pa.Table) -> tuple[np.ndarray, Any]:
     from datasketch import MinHash, MinHashLSH
 
     texts = table.column("text").to_pylist()
-    shingle_sets = [[s.encode("utf-8") for s in py_shingles(t)] for t in texts]
+    shingle_sets = ([s.encode("utf-8") for s in py_shingles(t)] for t in texts)  # streamed
     sketches = MinHash.bulk(shingle_sets, num_perm=NUM_PERM)
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
     with lsh.insertion_session() as session:
@@ -77,7 +77,7 @@ def run_rensa(table: pa.Table) -> tuple[np.ndarray, Any]:
     from rensa import RMinHash, RMinHashLSH
 
     texts = table.column("text").to_pylist()
-    sketches = RMinHash.from_token_sets([py_shingles(t) for t in texts], NUM_PERM, 42)
+    sketches = RMinHash.from_token_sets((py_shingles(t) for t in texts), NUM_PERM, 42)  # streamed
     lsh = RMinHashLSH(THRESHOLD, NUM_PERM, 16)
     lsh.insert_many(sketches)
     return _codes(lsh.query_all(sketches)), {"bands": 16, "rows": 8}

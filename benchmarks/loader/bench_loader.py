@@ -157,8 +157,15 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
-    out.update({"samples": samples, "wall_s": wall, "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / max(1, samples),
-                "samples_per_s": samples / wall})
+    out.update(
+        {
+            "samples": samples,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "cpu_us_per_sample": 1e6 * cpu / max(1, samples),
+            "samples_per_s": samples / wall,
+        }
+    )
     if sampler is not None:
         rss, pss = sampler.reset()
         sampler.stop()
@@ -175,8 +182,14 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _spawn(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.loader.bench_loader", "_child", json.dumps(spec)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.loader.bench_loader", "_child", json.dumps(spec)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['loader']} {spec['mode']} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -201,17 +214,31 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             continue
         for workers in (int(w) for w in args.workers.split(",")):
             for shuffle in (False, True):
-                cfg = RunConfig(paths=tuple(map(str, paths)), work=str(work), num_workers=workers, shuffle=shuffle,
-                                batch_size=args.batch_size)
+                cfg = RunConfig(
+                    paths=tuple(map(str, paths)),
+                    work=str(work),
+                    num_workers=workers,
+                    shuffle=shuffle,
+                    batch_size=args.batch_size,
+                )
                 cand.prepare(cfg)
                 base = {"loader": name, "cfg": cfg.__dict__}
                 epochs = [_spawn({**base, "mode": "epoch"}) for _ in range(args.repeats)]
                 state_file = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
                 _spawn({**base, "mode": "save_half", "half": args.samples // 2, "state_file": state_file})
-                resumes = [_spawn({**base, "mode": "resume", "state_file": state_file}) for _ in range(args.repeats)]
-                memory = _spawn({**base, "mode": "memory", "epochs": args.memory_epochs}) if args.memory_epochs else {}
+                resumes = [
+                    _spawn({**base, "mode": "resume", "state_file": state_file}) for _ in range(args.repeats)
+                ]
+                memory = (
+                    _spawn({**base, "mode": "memory", "epochs": args.memory_epochs})
+                    if args.memory_epochs
+                    else {}
+                )
                 row = {
-                    "loader": name, "workers": workers, "shuffle": shuffle, "repeats": args.repeats,
+                    "loader": name,
+                    "workers": workers,
+                    "shuffle": shuffle,
+                    "repeats": args.repeats,
                     "samples": epochs[0]["samples"],
                     "cpu_us_per_sample": _median(epochs, "cpu_us_per_sample"),
                     "samples_per_s": _median(epochs, "samples_per_s"),
@@ -230,25 +257,35 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    limit = {(r["workers"]): r["cpu_us_per_sample"] for r in results if r["loader"] == "limit" and not r["shuffle"]}
+    limit = {
+        (r["workers"]): r["cpu_us_per_sample"] for r in results if r["loader"] == "limit" and not r["shuffle"]
+    }
     lines = [
         f"Loader benchmark: {args.samples} samples, {args.shards} shards, batch {args.batch_size}, "
         f"median of {args.repeats} fresh processes; CPU = process + workers.",
         "",
-        "| loader | workers | shuffle | CPU µs/sample | x limit | samples/s | first batch s | resume first batch s "
-        "| resumed samples | peak RSS MB | peak PSS MB | PSS per epoch MB |",
+        "| loader | workers | shuffle | CPU µs/sample | x limit | samples/s | first batch s "
+        "| resume first batch s | resumed samples | peak RSS MB | peak PSS MB | PSS per epoch MB |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         ratio = r["cpu_us_per_sample"] / limit[r["workers"]] if r["workers"] in limit else None
         epochs = r["epoch_peak_pss_mb"]
-        lines.append(
-            f"| {r['loader']} | {r['workers']} | {'on' if r['shuffle'] else 'off'} | {r['cpu_us_per_sample']:.1f} | "
-            f"{'' if ratio is None else f'{ratio:.2f}'} | {r['samples_per_s']:.0f} | {r['first_batch_s']:.3f} | "
-            f"{r['resume_first_batch_s']:.3f} | {r['resumed_samples']} of {r['samples'] - r['resume_saved_after']} | "
-            f"{r['peak_rss_mb']:.0f} | {r['peak_pss_mb']:.0f} | "
-            f"{'' if not epochs else ' '.join(f'{x:.0f}' for x in epochs)} |"
-        )
+        cells = [
+            r["loader"],
+            str(r["workers"]),
+            "on" if r["shuffle"] else "off",
+            f"{r['cpu_us_per_sample']:.1f}",
+            "" if ratio is None else f"{ratio:.2f}",
+            f"{r['samples_per_s']:.0f}",
+            f"{r['first_batch_s']:.3f}",
+            f"{r['resume_first_batch_s']:.3f}",
+            f"{r['resumed_samples']} of {r['samples'] - r['resume_saved_after']}",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['peak_pss_mb']:.0f}",
+            "" if not epochs else " ".join(f"{x:.0f}" for x in epochs),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -271,7 +308,9 @@ def _plot(results: list[dict[str, Any]], path: Path) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the benchmark")
     r.add_argument("--samples", type=int, default=100_000)

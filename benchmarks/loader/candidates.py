@@ -143,14 +143,20 @@ class _PlainShards(IterableDataset):
                 n = len(ids)
                 if not self.cfg.shuffle:
                     for i in range(0, n, bs):
-                        yield {"id": torch.from_numpy(ids[i : i + bs]), "tokens": torch.from_numpy(tokens[i : i + bs]),
-                               "text": text.slice(i, bs).to_pylist()}
+                        yield {
+                            "id": torch.from_numpy(ids[i : i + bs]),
+                            "tokens": torch.from_numpy(tokens[i : i + bs]),
+                            "text": text.slice(i, bs).to_pylist(),
+                        }
                     continue
                 order = rng.permutation(n)
                 for i in range(0, n, bs):
                     idx = order[i : i + bs]
-                    yield {"id": torch.from_numpy(ids[idx]), "tokens": torch.from_numpy(tokens[idx]),
-                           "text": text.take(pa.array(idx)).to_pylist()}
+                    yield {
+                        "id": torch.from_numpy(ids[idx]),
+                        "tokens": torch.from_numpy(tokens[idx]),
+                        "text": text.take(pa.array(idx)).to_pylist(),
+                    }
 
 
 class Tierdata(Candidate):
@@ -179,8 +185,14 @@ class LitData(Candidate):
         out = self._dir(cfg)
         if (out / "index.json").exists():
             return
-        litdata.optimize(fn=_litdata_records, inputs=list(cfg.paths), output_dir=str(out), chunk_bytes="64MB",
-                         num_workers=1, compression="zstd")
+        litdata.optimize(
+            fn=_litdata_records,
+            inputs=list(cfg.paths),
+            output_dir=str(out),
+            chunk_bytes="64MB",
+            num_workers=1,
+            compression="zstd",
+        )
 
     def make(self, cfg: RunConfig) -> Any:
         import litdata
@@ -216,8 +228,9 @@ class MosaicMDS(Candidate):
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
-        ds = StreamingDataset(local=str(self._dir(cfg)), shuffle=cfg.shuffle, shuffle_seed=cfg.seed,
-                              batch_size=cfg.batch_size)
+        ds = StreamingDataset(
+            local=str(self._dir(cfg)), shuffle=cfg.shuffle, shuffle_seed=cfg.seed, batch_size=cfg.batch_size
+        )
         return StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
 
@@ -238,15 +251,27 @@ class WebDataset(Candidate):
         per = -(-sum(pa.ipc.open_file(p).count_rows() for p in cfg.paths) // len(cfg.paths))
         with wds.ShardWriter(str(out / "shard-%05d.tar"), maxcount=per) as sink:
             for r in _records(cfg.paths):
-                sink.write({"__key__": f"{r['id']:09d}", "id.cls": r["id"], "tokens.npy": r["tokens"], "txt": r["text"]})
+                sink.write(
+                    {
+                        "__key__": f"{r['id']:09d}",
+                        "id.cls": r["id"],
+                        "tokens.npy": r["tokens"],
+                        "txt": r["text"],
+                    }
+                )
         (out / "done").write_text("1")
 
     def make(self, cfg: RunConfig) -> Any:
         import webdataset as wds
 
         urls = [str(p) for p in sorted(self._dir(cfg).glob("shard-*.tar"))]
-        ds = wds.WebDataset(urls, shardshuffle=len(urls) if cfg.shuffle else False, seed=cfg.seed,
-                            workersplitter=wds.split_by_worker, empty_check=False)
+        ds = wds.WebDataset(
+            urls,
+            shardshuffle=len(urls) if cfg.shuffle else False,
+            seed=cfg.seed,
+            workersplitter=wds.split_by_worker,
+            empty_check=False,
+        )
         if cfg.shuffle:
             ds = ds.shuffle(1000)
         ds = ds.decode().to_tuple("id.cls", "tokens.npy", "txt").batched(cfg.batch_size)
@@ -265,4 +290,6 @@ def _fingerprint(cfg: RunConfig) -> str:
     return hashlib.blake2b(json.dumps(list(cfg.paths)).encode(), digest_size=4).hexdigest()
 
 
-CANDIDATES: dict[str, Candidate] = {c.name: c for c in (Limit(), Tierdata(), LitData(), MosaicMDS(), WebDataset())}
+CANDIDATES: dict[str, Candidate] = {
+    c.name: c for c in (Limit(), Tierdata(), LitData(), MosaicMDS(), WebDataset())
+}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ensure_dataset", "shard_paths", "TOKENS"]
+__all__ = ["TOKENS", "ensure_dataset", "shard_paths"]
 
 TOKENS = 512
 _BATCH_ROWS = 2_000
@@ -55,20 +55,31 @@ def ensure_dataset(folder: Path, samples: int, shards: int) -> list[Path]:
     vocab = _vocabulary(rng)
     per = -(-samples // shards)
     options = pa.ipc.IpcWriteOptions(compression="zstd")
-    schema = pa.schema([("id", pa.int64()), ("tokens", pa.list_(pa.int32(), TOKENS)), ("text", pa.string()),
-                        ("__record_hash", pa.binary(16))])
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("tokens", pa.list_(pa.int32(), TOKENS)),
+            ("text", pa.string()),
+            ("__record_hash", pa.binary(16)),
+        ]
+    )
     for s in range(shards):
         lo, hi = s * per, min(samples, (s + 1) * per)
         if lo >= hi:
             break
         n = hi - lo
         tokens = rng.integers(0, 50_257, n * TOKENS, dtype=np.int32)
-        table = pa.table({
-            "id": np.arange(lo, hi, dtype=np.int64),
-            "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), TOKENS),
-            "text": _texts(rng, vocab, n),
-            "__record_hash": pa.array(list(rng.bytes(16 * n)[i * 16 : (i + 1) * 16] for i in range(n)), pa.binary(16)),
-        }, schema=schema)
+        table = pa.table(
+            {
+                "id": np.arange(lo, hi, dtype=np.int64),
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), TOKENS),
+                "text": _texts(rng, vocab, n),
+                "__record_hash": pa.array(
+                    list(rng.bytes(16 * n)[i * 16 : (i + 1) * 16] for i in range(n)), pa.binary(16)
+                ),
+            },
+            schema=schema,
+        )
         path = folder / f"shard-{s:05d}.arrow"
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=options) as writer:
             writer.write_table(table, max_chunksize=_BATCH_ROWS)

@@ -39,8 +39,13 @@ def residents_of(cands: list[Candidate]) -> list[Candidate]:
     return list(seen.values())
 
 
-@given(newcomer=candidates, residents=st.lists(candidates, max_size=12), free=st.integers(0, 100),
-       margin=st.floats(0, 1), protect=st.integers(0, 5))  # fmt: skip
+@given(
+    newcomer=candidates,
+    residents=st.lists(candidates, max_size=12),
+    free=st.integers(0, 100),
+    margin=st.floats(0, 1),
+    protect=st.integers(0, 5),
+)
 def test_victims_make_room_and_are_each_less_useful(newcomer, residents, free, margin, protect) -> None:
     policy = FrequencyHintPolicy(margin=margin, protect=protect)
     residents = [r for r in residents_of(residents) if r.key != newcomer.key]
@@ -61,8 +66,10 @@ def test_victims_make_room_and_are_each_less_useful(newcomer, residents, free, m
 
 @given(newcomer=candidates, residents=st.lists(candidates, max_size=12))
 def test_a_newcomer_never_evicts_an_equally_useful_resident(newcomer, residents) -> None:
-    twins = [Candidate(f"r{i}", r.size, newcomer.frequency, r.last_access, newcomer.next_use)
-             for i, r in enumerate(residents)]  # fmt: skip
+    twins = [
+        Candidate(f"r{i}", r.size, newcomer.frequency, r.last_access, newcomer.next_use)
+        for i, r in enumerate(residents)
+    ]
     assert FrequencyHintPolicy().choose_victims(newcomer, twins, 0) in (None, [])
 
 

@@ -58,9 +58,12 @@ def test_a_hit_is_a_view_of_the_mapped_file(shm_dir: Path) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    ops=st.lists(st.tuples(st.sampled_from(["put", "delete"]), st.integers(0, 15), st.integers(0, 200_000)),
-                 min_size=1, max_size=40),
-)  # fmt: skip
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "delete"]), st.integers(0, 15), st.integers(0, 200_000)),
+        min_size=1,
+        max_size=40,
+    ),
+)
 def test_allocated_bytes_never_exceed_the_budget(shm_dir: Path, ops) -> None:
     budget = 512 << 10
     tier = RamTier(shm_dir / f"t{random.getrandbits(32)}", budget=budget)

@@ -14,9 +14,17 @@ from cachetier.errors import BadInputError
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(0, 0), (123, 123), ("123", 123), ("4GiB", 4 << 30), ("512mib", 512 << 20), ("20G", 20 * 10**9),
-     ("1.5GiB", 3 << 29), (" 7 kb ", 7000)],
-)  # fmt: skip
+    [
+        (0, 0),
+        (123, 123),
+        ("123", 123),
+        ("4GiB", 4 << 30),
+        ("512mib", 512 << 20),
+        ("20G", 20 * 10**9),
+        ("1.5GiB", 3 << 29),
+        (" 7 kb ", 7000),
+    ],
+)
 def test_parse_size(text, expected) -> None:
     assert parse_size(text) == expected
 

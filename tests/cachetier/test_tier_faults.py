@@ -19,8 +19,9 @@ from tests.s3server import S3Endpoint, start_s3_server
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_unusable_cache_folders_degrade_to_reading_through(tmp_path: Path, objects: ObjectStore,
-                                                           put_blobs, make_config) -> None:  # fmt: skip
+def test_unusable_cache_folders_degrade_to_reading_through(
+    tmp_path: Path, objects: ObjectStore, put_blobs, make_config
+) -> None:
     ids = put_blobs([20_000] * 4)
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folders should go")
@@ -67,8 +68,13 @@ FULL_DISK = textwrap.dedent(
 
 
 def test_full_disk_degrades_to_reading_through(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[0] == "['ram', 'ssd'] True"
 

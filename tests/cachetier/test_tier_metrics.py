@@ -32,8 +32,11 @@ def test_prometheus_text_carries_every_tier_figure(objects: ObjectStore, put_blo
             ts.read(oid)
         stats = ts.stats()
     text = render_prometheus(stats).decode()
-    samples = {(s.name, s.labels.get("tier", s.labels.get("le"))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    samples = {
+        (s.name, s.labels.get("tier", s.labels.get("le"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     for tier in ("ram", "ssd"):
         for key in ("hits", "misses", "evictions", "bytes_read"):
             assert samples[(f"tierdata_cache_{key}_total", tier)] == stats["tiers"][tier][key]
@@ -55,9 +58,14 @@ def test_serve_exposes_metrics_on_loopback_until_stopped(
     stop, ready, port = threading.Event(), threading.Event(), []
     thread = threading.Thread(
         target=serve,
-        kwargs={"config": config, "metrics_port": 0, "interval": 0.05, "stop": stop,
-                "on_ready": lambda p: (port.append(p), ready.set())},
-    )  # fmt: skip
+        kwargs={
+            "config": config,
+            "metrics_port": 0,
+            "interval": 0.05,
+            "stop": stop,
+            "on_ready": lambda p: (port.append(p), ready.set()),
+        },
+    )
     thread.start()
     try:
         assert ready.wait(10)

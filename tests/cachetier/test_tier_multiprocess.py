@@ -39,8 +39,9 @@ READER = textwrap.dedent(
 )
 
 
-def test_processes_read_at_once_through_one_node_cache(tmp_path: Path, objects: ObjectStore,
-                                                       put_blobs, make_config) -> None:  # fmt: skip
+def test_processes_read_at_once_through_one_node_cache(
+    tmp_path: Path, objects: ObjectStore, put_blobs, make_config
+) -> None:
     ids = put_blobs([60_000] * 20)
     config: CacheConfig = make_config(ram_bytes=400_000, ssd_bytes=600_000, prefetch_depth=2)
     args = {"repo": str(tmp_path / "repo"), "ids": ids, "config": config.to_dict()}
@@ -90,8 +91,13 @@ def test_forked_dataloader_workers_share_the_cache(objects: ObjectStore, put_blo
         for oid in ids[:4]:
             store.read(oid)  # the parent opened LMDB and RAM: workers inherit open handles
         parent_plan = store.announce(ids[8:])  # workers must not move (or withdraw) the parent's plan
-        loader = DataLoader(CachedShards(store, ids * 2), batch_size=4, num_workers=2,
-                            multiprocessing_context="fork", collate_fn=lambda b: b)  # fmt: skip
+        loader = DataLoader(
+            CachedShards(store, ids * 2),
+            batch_size=4,
+            num_workers=2,
+            multiprocessing_context="fork",
+            collate_fn=lambda b: b,
+        )
         rows = [row for batch in loader for row in batch]
         assert len(rows) == 32 and all(r["ok"] for r in rows)
         assert all(r["tiers"] for r in rows[16:])  # second pass: everything is cached somewhere

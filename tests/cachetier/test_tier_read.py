@@ -79,8 +79,9 @@ def test_decoded_values_skip_decoding_when_hot(objects: ObjectStore, make_config
 
 
 @pytest.mark.parametrize("verify", ["checksum", "hash"])
-def test_corrupt_cached_values_are_dropped_and_refetched(objects: ObjectStore, put_blobs, make_config,
-                                                         verify: str) -> None:  # fmt: skip
+def test_corrupt_cached_values_are_dropped_and_refetched(
+    objects: ObjectStore, put_blobs, make_config, verify: str
+) -> None:
     a, b = put_blobs([30_000, 30_000])
     with TieredStore(objects, make_config(verify=verify, ram_bytes=100_000)) as ts:
         ts.read(a)  # lands in RAM

@@ -35,8 +35,14 @@ class TieredReads(RuleBasedStateMachine):
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else self.tmp
         self.ram_dir = shm / f"tierdata-state-{uuid.uuid4().hex[:12]}"
         self.repo = ObjectStore(LocalStore(self.tmp / "repo"))
-        config = CacheConfig(dir=self.tmp / "cache", ram_dir=self.ram_dir, ram_bytes=RAM_BUDGET,
-                             ssd_bytes=SSD_BUDGET, prefetch_depth=2, prefetch_workers=2)  # fmt: skip
+        config = CacheConfig(
+            dir=self.tmp / "cache",
+            ram_dir=self.ram_dir,
+            ram_bytes=RAM_BUDGET,
+            ssd_bytes=SSD_BUDGET,
+            prefetch_depth=2,
+            prefetch_workers=2,
+        )
         self.store = TieredStore(self.repo, config)
         self.truth: dict[str, bytes] = {}
 

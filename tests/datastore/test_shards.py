@@ -131,6 +131,7 @@ def test_same_records_give_same_shards_whatever_the_batching(records, cuts, size
     other = list(write_shards(pieces, options))
     assert [s.hash for s in one] == [s.hash for s in other]
     assert [s.data for s in one] == [s.data for s in other]
+    assert [s.uncompressed_bytes for s in one] == [s.uncompressed_bytes for s in other]
     assert pa.concat_tables([read_shard(s.data) for s in one]).to_pylist() == table.to_pylist()
     sizes = hash_records(table).sizes
     ends = np.cumsum([s.records for s in one])

@@ -92,6 +92,11 @@ def test_csv_tsv_text_parquet(tmp_path: Path) -> None:
     assert parquet_table.equals(original)
 
 
+def test_byte_order_marks_are_dropped(tmp_path: Path) -> None:
+    assert read_table([write(tmp_path / "a.jsonl", b'\xef\xbb\xbf{"a": 1}\n')])[0].to_pylist() == [{"a": 1}]
+    assert read_table([write(tmp_path / "a.txt", b"\xef\xbb\xbfone\n")])[0].to_pylist() == [{"text": "one"}]
+
+
 def test_compressed_inputs(tmp_path: Path) -> None:
     lines = "".join(json.dumps({"i": i}) + "\n" for i in range(1000))
     write(tmp_path / "a.jsonl.gz", gzip.compress(lines.encode()))
@@ -186,6 +191,35 @@ def test_inferred_schema_does_not_depend_on_block_size(tmp_path: Path, values, b
     if outcomes[0][0] == "ok":
         rows = outcomes[0][2]
         assert all(_same_value(row["v"], v) for row, v in zip(rows, values)), (rows, values)
+
+
+CELLS = ["1", "-3", "1.5", "1e5", "true", "FALSE", "", "nan", "2020-01-01", "10:00:00", "x", "1_000", "0x1F"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.sampled_from(CELLS), st.sampled_from(CELLS)), min_size=1, max_size=400))
+def test_csv_schema_does_not_depend_on_block_size(tmp_path: Path, rows) -> None:
+    src = tmp_path / "p.csv"
+    src.write_text("a,b\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    outcomes = []
+    for block_bytes in (1024, 1 << 20):
+        spec = resolve_sources([src])[0]
+        hint = None
+        while True:
+            ctx = ReadContext(spec=spec, schema=hint, block_bytes=block_bytes)
+            try:
+                table = pa.Table.from_batches(list(read_source(ctx)), ctx.schema)
+                break
+            except SchemaWidened as widened:
+                hint = widened.schema
+        outcomes.append((str(ctx.schema), table.to_pylist()))
+    assert outcomes[0] == outcomes[1]
+    for got, cells in zip(outcomes[0][1], rows):
+        for k, cell in zip("ab", cells):
+            if isinstance(got[k], str):  # text columns give back exactly what was written
+                assert got[k] == cell
+            elif isinstance(got[k], float) and cell not in ("", "nan"):
+                assert got[k] == float(int(cell, 0) if cell.startswith("0x") else cell)
 
 
 def _same_value(got, want) -> bool:

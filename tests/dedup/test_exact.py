@@ -62,3 +62,21 @@ def test_minhash_needs_text_and_column_errors():
         find_duplicates(pa.table({"text": ["a"]}), column="body")
     with pytest.raises(BadInputError, match="string or binary"):
         find_duplicates(pa.table({"text": np.arange(3)}))
+
+
+def test_keys_are_xxh3_128_of_the_normalized_text():
+    import xxhash
+
+    norm = normalize_array(pa.array(["Hello,  World!", None]))
+    keys = content_keys(norm, exact_eligible(norm.status))
+    digest = xxhash.xxh3_128_digest(b"hello world")
+    assert keys[0].tobytes() == digest
+    assert keys[1].tolist() == [0, 0]
+
+
+def test_empty_inputs():
+    empty = pa.table({"text": pa.array([], pa.string())})
+    for config in (EXACT, DedupConfig()):
+        r = find_duplicates(empty, config=config)
+        assert r.records == 0 and r.removed_records == 0 and r.clusters == 0
+    assert find_duplicates([], config=EXACT).records == 0

@@ -8,9 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loaders import ArrowFileSource, StreamingDataset
 from loaders.columns import NumericKind, kind_of
+from loaders.decoded import SlotRing
 
 
 @pytest.fixture
@@ -22,8 +25,10 @@ def typed_source(tmp_path):
             "f": pa.array([1.5, None, 3.0], pa.float32()),
             "n": pa.array([None, 5, 6], pa.int64()),
             "flag": pa.array([True, False, True]),
-            "img": pa.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]],
-                            pa.list_(pa.list_(pa.uint8(), 2), 2)),
+            "img": pa.array(
+                [[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]],
+                pa.list_(pa.list_(pa.uint8(), 2), 2),
+            ),
             "when": pa.array([dt.datetime(2024, 1, 1), None, dt.datetime(2024, 1, 2)], pa.timestamp("us")),
             "day": pa.array([dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)], pa.date32()),
             "ragged": pa.array([[1.0], None, [2.0, 3.0, 4.0]], pa.large_list(pa.float64())),
@@ -33,9 +38,10 @@ def typed_source(tmp_path):
         }
     )
     path = tmp_path / "typed.arrow"
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(
-        sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")
-    ) as writer:
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer,
+    ):
         writer.write_table(table, max_chunksize=2)
     return ArrowFileSource([path])
 
@@ -78,7 +84,9 @@ def test_shuffled_batches_gather_the_same_values(typed_source):
 def test_batches_own_their_memory_and_never_pin_a_shard():
     kind = kind_of(pa.int64())
     assert isinstance(kind, NumericKind)
-    data = kind.prepare([pa.array(np.arange(10, dtype=np.int64)), pa.array(np.arange(10, 20, dtype=np.int64))])
+    data = kind.prepare(
+        [pa.array(np.arange(10, dtype=np.int64)), pa.array(np.arange(10, 20, dtype=np.int64))]
+    )
     out: dict = {}
     kind.emit("x", kind.take(data, slice(2, 5)), out)
     tensor = out["x"]
@@ -94,3 +102,34 @@ def test_batches_own_their_memory_and_never_pin_a_shard():
     strings = kind_of(pa.string())
     a, b = strings.prepare([pa.array(["a", "b"])]), strings.prepare([pa.array(["c", "d"])])
     assert strings.gather([a, b], np.array([1, 0, 0, 1]), np.array([1, 1, 0, 0])) == ["d", "b", "a", "c"]
+
+
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30), held=st.integers(1, 5))
+@settings(max_examples=100, deadline=None)
+def test_slot_ring_reservations_never_overlap(sizes, held):
+    """Reserve in order, keep at most ``held`` alive, release in order: live rows never overlap."""
+    ring = SlotRing(sum(sorted(sizes, reverse=True)[:held]) + max(sizes))
+    live = []
+    for n in sizes:
+        if len(live) == held:
+            ring.release(live.pop(0)[0])
+        base = ring.reserve(n)
+        assert base is not None, "a ring sized for the shards held at once must fit the next one"
+        assert base >= 0 and base + n <= ring.capacity
+        for b, m in live:
+            assert base + n <= b or b + m <= base, "two live shards share rows"
+        live.append((base, n))
+
+
+def test_slot_ring_stores_columns_of_several_shards_for_one_gather():
+    ring = SlotRing(10)
+    kind = kind_of(pa.list_(pa.int16(), 2))
+    a = ring.store("x", kind, ring.reserve(3), [pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int16(), 2))])
+    b = ring.store("x", kind, ring.reserve(2), [pa.array([[7, 8]], pa.list_(pa.int16(), 2))] * 2)
+    assert a.array is b.array
+    assert kind.gather([a, b], np.array([1, 0, 0]), np.array([1, 2, 0])).tolist() == [[7, 8], [5, 6], [1, 2]]
+    words = kind_of(pa.string())
+    s1 = ring.store_objects("w", 0, ["a", "b", "c"])
+    s2 = ring.store_objects("w", 3, ["d", "e"])
+    assert words.gather([s1, s2], np.array([1, 0]), np.array([1, 2])) == ["e", "c"]
+    assert words.take(s2, slice(0, 2)) == ["d", "e"]

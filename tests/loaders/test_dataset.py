@@ -57,7 +57,9 @@ def test_batches_are_built_column_wise_with_the_documented_types(source):
 
 
 def test_per_sample_mode_yields_plain_values_and_applies_transform(source):
-    ds = StreamingDataset(source, columns=["id", "tokens", "var", "text"], transform=lambda s: {**s, "twice": 2 * s["id"]})
+    ds = StreamingDataset(
+        source, columns=["id", "tokens", "var", "text"], transform=lambda s: {**s, "twice": 2 * s["id"]}
+    )
     sample = next(iter(ds))
     assert sample["id"] == 0 and sample["twice"] == 0 and sample["text"] == "record-0"
     assert isinstance(sample["tokens"], torch.Tensor) and sample["tokens"].tolist() == [0, 1, 2, 3]
@@ -140,8 +142,12 @@ def test_resume_from_any_cut_repeats_and_skips_nothing(source, total_records, cu
         before.append(item)
     state = json.loads(json.dumps(ds.state_dict()))
     assert len(json.dumps(state)) < 1024
-    fresh = StreamingDataset(IpcShardSource(source.paths, [n for _, n in source.shards]), shuffle=shuffle, seed=5,
-                             batch_size=batch_size)
+    fresh = StreamingDataset(
+        IpcShardSource(source.paths, [n for _, n in source.shards]),
+        shuffle=shuffle,
+        seed=5,
+        batch_size=batch_size,
+    )
     fresh.load_state_dict(state)
     fresh.set_epoch(2)  # as a training loop does; keeps the loaded position of epoch 2
     after = ids_of(fresh)

@@ -19,8 +19,9 @@ EXAMPLE = ROOT / "examples" / "train_tiny.py"
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, str(EXAMPLE), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
@@ -43,8 +44,22 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 def test_killed_training_resumes_and_sees_every_sample_once(tmp_path):
     data, run, pids = tmp_path / "data", tmp_path / "run", tmp_path / "pids"
     assert _run("--data", str(data), "--make-data").returncode == 0
-    common = ["--data", str(data), "--run", str(run), "--epochs", "2", "--batch-size", "16", "--num-workers", "2",
-              "--checkpoint-every", "4", "--pid-file", str(pids)]
+    common = [
+        "--data",
+        str(data),
+        "--run",
+        str(run),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--num-workers",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--pid-file",
+        str(pids),
+    ]
 
     report = tmp_path / "shm.json"
     crashed = _run(*common, "--crash-after", "10", "--shm-report", str(report))

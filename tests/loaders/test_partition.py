@@ -35,7 +35,9 @@ def delivered_order(part: Partition, num_workers: int) -> list[int]:
     return order
 
 
-@given(total=st.integers(0, 300), start=st.integers(0, 300), world=worlds, block=blocks, drop_last=st.booleans())
+@given(
+    total=st.integers(0, 300), start=st.integers(0, 300), world=worlds, block=blocks, drop_last=st.booleans()
+)
 @settings(max_examples=200, deadline=None)
 def test_ranks_are_disjoint_equal_and_complete(total, start, world, block, drop_last):
     assume(start <= total)
@@ -61,8 +63,9 @@ def test_workers_split_a_rank_and_deliver_in_rank_order(total, world, block, wor
     assert delivered_order(part, workers) == list(range(part.num_chunks))
 
 
-@given(total=st.integers(0, 300), start=st.integers(0, 300), world=worlds, block=blocks,
-       cut=st.integers(0, 100))
+@given(
+    total=st.integers(0, 300), start=st.integers(0, 300), world=worlds, block=blocks, cut=st.integers(0, 100)
+)
 @settings(max_examples=200, deadline=None)
 def test_what_ranks_delivered_is_a_prefix_of_the_global_order(total, start, world, block, cut):
     assume(start <= total)
@@ -96,13 +99,22 @@ def test_elastic_resume_repeats_and_loses_nothing(total, worlds_seq, block_seq, 
     assert total - start < worlds_seq[-1], "more than the last world's remainder was left out"
 
 
-@given(sizes=st.lists(st.integers(0, 30), min_size=1, max_size=10), window=st.integers(1, 4),
-       shuffle=st.booleans(), world=worlds, block=blocks, workers=st.integers(1, 4), start=st.integers(0, 50))
+@given(
+    sizes=st.lists(st.integers(0, 30), min_size=1, max_size=10),
+    window=st.integers(1, 4),
+    shuffle=st.booleans(),
+    world=worlds,
+    block=blocks,
+    workers=st.integers(1, 4),
+    start=st.integers(0, 50),
+)
 @settings(max_examples=150, deadline=None)
-def test_touched_windows_lists_exactly_the_windows_a_reader_needs(sizes, window, shuffle, world, block, workers,
-                                                                  start):
-    plan = make_plan("v", [(f"s{i}", n) for i, n in enumerate(sizes)], seed=3, epoch=1, shuffle=shuffle,
-                     window=window)
+def test_touched_windows_lists_exactly_the_windows_a_reader_needs(
+    sizes, window, shuffle, world, block, workers, start
+):
+    plan = make_plan(
+        "v", [(f"s{i}", n) for i, n in enumerate(sizes)], seed=3, epoch=1, shuffle=shuffle, window=window
+    )
     assume(start <= plan.records)
     part = Partition(start, plan.records, world, 0, block)
     for w in range(workers):

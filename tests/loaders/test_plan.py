@@ -42,8 +42,13 @@ def test_keyed_permutation_is_a_permutation(n, key):
     assert sorted(keyed_permutation(n, key).tolist()) == list(range(n))
 
 
-@given(sizes=shard_sizes, seed=st.integers(0, 2**31), epoch=st.integers(0, 5), window=st.integers(1, 5),
-       shuffle=st.booleans())
+@given(
+    sizes=shard_sizes,
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 5),
+    window=st.integers(1, 5),
+    shuffle=st.booleans(),
+)
 @settings(max_examples=60, deadline=None)
 def test_every_record_has_exactly_one_position(sizes, seed, epoch, window, shuffle):
     plan = make_plan("ver", _shards(sizes), seed=seed, epoch=epoch, shuffle=shuffle, window=window)
