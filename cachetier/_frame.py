@@ -24,7 +24,7 @@ import xxhash
 
 from cachetier.hashing import BytesLike
 
-__all__ = ["HEADER_SIZE", "frame_header", "open_frame"]
+__all__ = ["HEADER_SIZE", "frame_header", "open_frame", "payload_matches"]
 
 _HEADER = struct.Struct("<4sIQ16s")
 _MAGIC = b"TDC1"
@@ -53,3 +53,10 @@ def open_frame(frame: BytesLike, *, verify: bool = True) -> memoryview | None:
     if verify and xxhash.xxh3_128_digest(payload) != digest:
         return None
     return payload
+
+
+def payload_matches(header: BytesLike, payload: BytesLike) -> bool:
+    """True when ``payload`` (e.g. a copy taken out of a frame) matches the frame's ``header``."""
+    magic, _flags, length, digest = _HEADER.unpack(bytes(header[:HEADER_SIZE]))
+    view = memoryview(payload)
+    return magic == _MAGIC and length == view.nbytes and xxhash.xxh3_128_digest(view) == digest

@@ -198,8 +198,8 @@ class HintBoard:
         with self._lock:
             return self.local.upcoming(count)
 
-    def flush(self) -> None:
-        """Publish the positions of this process's plans."""
+    def flush(self, txn: Any = None) -> None:
+        """Publish the positions of this process's plans (in ``txn``, or a transaction of its own)."""
         self._forked()
         with self._lock:
             dirty, self._dirty = self._dirty, set()
@@ -209,7 +209,7 @@ class HintBoard:
                 for r in dirty
                 if r in self.local.readers()
             }
-        self._write(updates)
+        self._write(updates, txn)
 
     def close(self) -> None:
         """Withdraw every plan of this process."""
@@ -217,19 +217,25 @@ class HintBoard:
         for reader in self.local.readers():
             self.drop(reader)
 
-    def _write(self, updates: dict[bytes, bytes | None]) -> None:
+    def _write(self, updates: dict[bytes, bytes | None], txn: Any = None) -> None:
         if self.env is None or not updates:
             return
+        if txn is not None:
+            self._put_all(txn, updates)
+            return
         try:
-            with self.env.write() as txn:
-                db = self.env.db("hints")
-                for key, value in updates.items():
-                    if value is None:
-                        txn.delete(key, db=db)
-                    else:
-                        txn.put(key, value, db=db)
+            with self.env.write() as own:
+                self._put_all(own, updates)
         except Exception:  # hints are advisory: never fail a read for them
             self.errors += 1
+
+    def _put_all(self, txn: Any, updates: dict[bytes, bytes | None]) -> None:
+        db = self.env.db("hints")
+        for key, value in updates.items():
+            if value is None:
+                txn.delete(key, db=db)
+            else:
+                txn.put(key, value, db=db)
 
     def refresh(self, *, force: bool = False) -> None:
         """Re-read other processes' plans if the last read is older than ``refresh_interval``."""

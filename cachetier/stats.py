@@ -170,8 +170,12 @@ class SharedStats(AccessStats):
         if due:
             self.flush()
 
-    def flush(self) -> None:
-        """Write buffered accesses in one transaction; on a write error they are dropped."""
+    def flush(self, txn: Any = None) -> None:
+        """Write buffered accesses in one transaction (``txn``, or one of its own).
+
+        On a write error the buffered accesses are dropped: statistics are advisory, and
+        a full disk must not break reads. With ``txn`` the caller's commit decides.
+        """
         self._forked()
         with self._lock:
             pending, total = self._pending, self._pending_total
@@ -179,14 +183,20 @@ class SharedStats(AccessStats):
             self._last_flush = time.monotonic()
         if not pending:
             return
+        if txn is not None:
+            self._write_batch(txn, pending, total)
+            return
         try:
-            with self.env.write() as txn:
-                self._apply(txn, pending, total)
-                self._flushes += 1
-                if self._flushes % _PRUNE_EVERY == 0:
-                    self._prune(txn)
-        except Exception:  # statistics are advisory: a full disk must not break reads
+            with self.env.write() as own:
+                self._write_batch(own, pending, total)
+        except Exception:
             self.errors += 1
+
+    def _write_batch(self, txn: Any, pending: Counter[str], total: int) -> None:
+        self._apply(txn, pending, total)
+        self._flushes += 1
+        if self._flushes % _PRUNE_EVERY == 0:
+            self._prune(txn)
 
     def _apply(self, txn: Any, pending: Counter[str], total: int) -> None:
         stats_db, meta_db = self.env.db("stats"), self.env.db("meta")

@@ -29,8 +29,9 @@ backoff, then :class:`~cachetier.errors.StoreUnavailableError` is raised for tha
 only, while cached objects keep being served.
 
 Statistics, plan positions and counters are published to the node's LMDB environment
-every ``_FLUSH_EVERY`` reads or ``_FLUSH_INTERVAL`` seconds, so :meth:`stats` in any
-process (``dataset cache stats``) reports node-wide counters.
+in one commit every ``_FLUSH_EVERY`` reads or ``_FLUSH_INTERVAL`` seconds, from a
+short-lived thread so that no read waits for the fsync, and when the process exits, so
+:meth:`stats` in any process (``dataset cache stats``) reports node-wide counters.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class TieredStore:
         self._reads_since_flush = 0
         self._last_flush = time.monotonic()
         self._flush_lock = threading.Lock()
+        self._flushing = threading.Event()
+        self._closed = False
         _flush_at_exit(self)
 
     # -- reads -------------------------------------------------------------------------
@@ -155,7 +158,7 @@ class TieredStore:
         self._begin_read(oid, reader)
         view = self._from_ram(oid)
         if view is None:
-            data = self._from_ssd(oid, bytes)
+            data = self._from_ssd(oid, None)
             if data is not None:
                 self._offer("ram", oid, data)  # promotion; the SSD copy stays
             else:
@@ -222,7 +225,7 @@ class TieredStore:
             self.prefetcher.schedule(self.hints.upcoming(self.config.prefetch_depth))
         self._reads_since_flush += 1
         if self._reads_since_flush >= _FLUSH_EVERY or time.monotonic() - self._last_flush >= _FLUSH_INTERVAL:
-            self.flush()
+            self._flush_soon()
 
     def _from_ram(self, key: str, *, count: bool = True) -> memoryview | None:
         if self.ram is None or not self._usable("ram"):
@@ -243,15 +246,19 @@ class TieredStore:
                 self._count_hit("ram", view.nbytes)
         return view
 
-    def _from_ssd(self, oid: str, use: Callable[[memoryview], Any]) -> Any:
+    def _from_ssd(self, oid: str, use: Callable[[memoryview], Any] | None) -> Any:
+        """``use(view)`` inside a short read transaction, or a checked copy when ``use`` is None."""
         if self.ssd is None or not self._usable("ssd"):
             return None
-
-        def checked(view: memoryview) -> Any:
-            return use(view) if self._id_matches(oid, view) else _CORRUPT
-
         try:
-            result = self.ssd.read(oid, checked)
+            if use is None:
+                result = self.ssd.read_bytes(oid)
+                if result is not None and not self._id_matches(oid, memoryview(result)):
+                    result = _CORRUPT
+            else:
+                result = self.ssd.read(
+                    oid, lambda view: use(view) if self._id_matches(oid, view) else _CORRUPT
+                )
         except _TIER_ERRORS as e:
             self._mark(self._down, "ssd", e)
             return None
@@ -391,7 +398,7 @@ class TieredStore:
         key = decoded_key(oid, kind) if decode else oid
         if self.ram is None or not self._usable("ram") or self.ram.exists(key):
             return
-        value = self._from_ssd(oid, decode or bytes)
+        value = self._from_ssd(oid, decode)
         if value is None:
             data = self._fetch(oid)
             self._offer("ssd", oid, data, skip=1)  # worth keeping only for the read after the next
@@ -494,18 +501,18 @@ class TieredStore:
         return self._guarded(tier, target.evict, victims) or 0
 
     def flush(self) -> None:
-        """Publish buffered statistics, plan positions and counters to the node."""
+        """Publish buffered statistics, plan positions and counters to the node, in one commit."""
         with self._flush_lock:
             self._reads_since_flush = 0
             self._last_flush = time.monotonic()
-            if self._env is None or not self._usable("ssd"):
+            if self._closed or self._env is None or self._shared_stats is None or not self._usable("ssd"):
                 return
-            self._shared_stats.flush()
-            self.hints.flush()
             snapshot = self._snapshot()
             delta = snapshot - self._published
             try:
                 with self._env.write() as txn:
+                    self._shared_stats.flush(txn)
+                    self.hints.flush(txn)
                     meta = self._env.db("meta")
                     raw = txn.get(_COUNTERS_KEY, db=meta)
                     total = CacheCounters.from_dict(json.loads(raw)) if raw else CacheCounters()
@@ -513,6 +520,20 @@ class TieredStore:
                 self._published = snapshot
             except _TIER_ERRORS:
                 self.counters.ssd.errors += 1
+
+    def _flush_soon(self) -> None:
+        """Flush in a short-lived thread, so a read never waits for the commit's fsync."""
+        if self._flushing.is_set():
+            return
+        self._flushing.set()
+
+        def run() -> None:
+            try:
+                self.flush()
+            finally:
+                self._flushing.clear()
+
+        threading.Thread(target=run, name="tierdata-flush", daemon=True).start()
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -612,14 +633,19 @@ class TieredStore:
         self._pid = os.getpid()
         self._published = self._snapshot()
         self._flush_lock = threading.Lock()
+        self._flushing = threading.Event()
         _flush_at_exit(self)
 
     def close(self) -> None:
         """Publish what is buffered, withdraw this process's plans, stop prefetching."""
+        if self._closed:
+            return
         if self.prefetcher is not None:
             self.prefetcher.close()
         self.flush()
         self.hints.close()
+        with self._flush_lock:
+            self._closed = True
         if self._env is not None:
             self._env.close()
 

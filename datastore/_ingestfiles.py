@@ -113,8 +113,11 @@ class _FilesIngest:
     def _load(self, records: list[_Record]) -> None:
         """Read the files the index did not know: small ones whole (in parallel), big ones chunked."""
         small = [r for r in records if not r.known and r.entry.size < self.chunk_options.threshold]
-        for r, data in zip(small, self.readers.map(lambda r: read_small_file(r.entry, r.display), small)):
-            r.data = data
+        # Groups of files per task: one task per file costs more in the pool than the read.
+        groups = [small[i : i + _READ_GROUP] for i in range(0, len(small), _READ_GROUP)]
+        for group, datas in zip(groups, self.readers.map(_read_group, groups)):
+            for r, data in zip(group, datas):
+                r.data = data
         for r in records:
             if not r.known and r.data is None:
                 r.chunks = self._store_chunks(r.entry, r.display)
@@ -190,6 +193,13 @@ class _FilesIngest:
         self.futures.append(
             self.up.submit(weight, store_pending, self.up, build, key, self.options, self.index)
         )
+
+
+_READ_GROUP = 128
+
+
+def _read_group(records: list[_Record]) -> list[bytes]:
+    return [read_small_file(r.entry, r.display) for r in records]
 
 
 class _Builder:

@@ -191,8 +191,9 @@ class IngestIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".ingest-index.", dir=self.path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(payload, f, separators=(",", ":"))
+            # json.dumps uses the C encoder; json.dump to a file would not (3x slower here).
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from loaders.world import World
 __all__ = ["StreamingDataLoader"]
 
 
-def pass_through(batch: Any) -> Any:
+def _pass_through(batch: Any) -> Any:
     """The collate function of batch mode: the dataset's batches are delivered as they are."""
     return batch
 
@@ -41,8 +41,8 @@ class StreamingDataLoader(DataLoader):
     keyword arguments go to ``DataLoader`` (``num_workers``, ``pin_memory``,
     ``prefetch_factor``, ``persistent_workers``, ``timeout``, ``collate_fn``, ...).
     In batch mode the batches pass through unchanged (no ``default_convert``) unless a
-    ``collate_fn`` is given. A new iteration continues where the last one stopped (and after a finished epoch
-    starts the next one, unless ``dataset.set_epoch`` chose another).
+    ``collate_fn`` is given. A new iteration continues where the last one stopped (and
+    after a finished epoch starts the next one, unless ``dataset.set_epoch`` chose another).
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class StreamingDataLoader(DataLoader):
                 )
             block, tail_drop, loader_batch = dataset.batch_size, dataset.drop_last, None
             # Batches are final already: skip default_convert, which walks every string of a batch.
-            kwargs.setdefault("collate_fn", pass_through)
+            kwargs.setdefault("collate_fn", _pass_through)
         else:
             loader_batch = 1 if batch_size is None else int(batch_size)
             block, tail_drop = loader_batch, bool(drop_last)

@@ -287,37 +287,43 @@ def bench_warm(quick: bool) -> dict[str, Any]:
                 s3.get(object_key(oid))
             return time.perf_counter() - started
 
-        config = ws.config(ram_bytes=(count // 2) * size + MiB, ssd_bytes=2 * count * size)
-        with TieredStore(objects, config) as store:
-            cold_started = time.perf_counter()
+        def verified() -> float:
+            started = time.perf_counter()
             for oid in ids:
-                store.read(oid)
-            cold = time.perf_counter() - cold_started
+                objects.get(oid)
+            return time.perf_counter() - started
 
-            def warm() -> float:
+        out: dict[str, Any] = {"shards": count, "shard_bytes": size, "server": server.endpoint.kind}
+        out["direct_s3_epoch_s"], out["direct_runs"] = median_of(3, direct)
+        out["direct_s3_verified_epoch_s"], _ = median_of(3, verified)
+        layouts = {"ram_half_ssd_all": (count // 2) * size + MiB, "ram_all": count * size + 2 * MiB}
+        for label, ram_bytes in layouts.items():
+            config = ws.config(label, ram_bytes=ram_bytes, ssd_bytes=2 * count * size)
+            with TieredStore(objects, config) as store:
                 started = time.perf_counter()
                 for oid in ids:
                     store.read(oid)
-                return time.perf_counter() - started
+                cold = time.perf_counter() - started
 
-            direct_s, direct_runs = median_of(3, direct)
-            warm_s, warm_runs = median_of(3, warm)
-            ram_copy = _ram_hit_allocations(store, ids)
-            tiers = {t: store.stats()["tiers"][t]["hits"] for t in ("ram", "ssd")}
+                def warm(store: TieredStore = store) -> float:
+                    started = time.perf_counter()
+                    for oid in ids:
+                        store.read(oid)
+                    return time.perf_counter() - started
+
+                warm_s, warm_runs = median_of(3, warm)
+                out[label] = {
+                    "ram_bytes": ram_bytes,
+                    "cold_epoch_s": cold,
+                    "warm_epoch_s": warm_s,
+                    "warm_runs": warm_runs,
+                    "speedup": out["direct_s3_epoch_s"] / warm_s,
+                    "hits_by_tier": {t: store.stats()["tiers"][t]["hits"] for t in ("ram", "ssd")},
+                }
+                if label == "ram_all":
+                    out.update(_ram_hit_allocations(store, ids))
         s3.close()
-        return {
-            "shards": count,
-            "shard_bytes": size,
-            "server": server.endpoint.kind,
-            "direct_s3_epoch_s": direct_s,
-            "direct_runs": direct_runs,
-            "cold_tiered_epoch_s": cold,
-            "warm_epoch_s": warm_s,
-            "warm_runs": warm_runs,
-            "speedup": direct_s / warm_s,
-            "hits_by_tier": tiers,
-            **ram_copy,
-        }
+        return out
     finally:
         ws.close()
         server.stop()
@@ -427,7 +433,8 @@ def verdicts(results: dict[str, Any]) -> dict[str, bool]:
         out["3 four jobs Zipf >= 65%"] = results["zipf"]["ours+hints"]["hit_ratio"] >= 0.65
     if "warm" in results:
         w = results["warm"]
-        out["4 warm epoch >= 10x faster than S3"] = w["speedup"] >= 10
+        out["4 warm epoch >= 10x faster than S3 (RAM half, SSD all)"] = w["ram_half_ssd_all"]["speedup"] >= 10
+        out["4 warm epoch >= 10x faster than S3 (RAM all)"] = w["ram_all"]["speedup"] >= 10
         out["4 RAM hit copies nothing"] = (
             w["ram_hit_view_of"] == "mmap" and w["ram_hit_peak_alloc_bytes"] < 64 << 10
         )
@@ -471,9 +478,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
         names, values = [], []
         if "warm" in results:
             w = results["warm"]
-            names += ["S3 direct", "tiers warm"]
+            total = w["shards"] * w["shard_bytes"] / MiB
+            names += ["S3 direct", "warm\nRAM/2+SSD", "warm\nRAM all"]
             values += [
-                w["shards"] * w["shard_bytes"] / w[k] / MiB for k in ("direct_s3_epoch_s", "warm_epoch_s")
+                total / w["direct_s3_epoch_s"],
+                total / w["ram_half_ssd_all"]["warm_epoch_s"],
+                total / w["ram_all"]["warm_epoch_s"],
             ]
         if "cold" in results:
             names += ["LMDB cold", "file cold"]

@@ -200,59 +200,70 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _measure(base: dict[str, Any], mode: str, **extra: Any) -> dict[str, Any]:
+    return _spawn({**base, "mode": mode, **extra})
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every loader on every setting; repeats interleave the loaders so they share conditions."""
     from benchmarks.loader.candidates import CANDIDATES, RunConfig
     from benchmarks.loader.data import ensure_dataset
 
     work = Path(args.work)
     paths = ensure_dataset(work / f"data-{args.samples}-{args.shards}", args.samples, args.shards)
-    results = []
+    names = []
     for name in args.loaders.split(","):
-        cand = CANDIDATES[name]
-        if not cand.available():
-            print(f"skip {name}: {', '.join(cand.requires)} not importable", file=sys.stderr)
-            continue
-        for workers in (int(w) for w in args.workers.split(",")):
-            for shuffle in (False, True):
-                cfg = RunConfig(
-                    paths=tuple(map(str, paths)),
-                    work=str(work),
-                    num_workers=workers,
-                    shuffle=shuffle,
-                    batch_size=args.batch_size,
-                )
-                cand.prepare(cfg)
-                base = {"loader": name, "cfg": cfg.__dict__}
-                epochs = [_spawn({**base, "mode": "epoch"}) for _ in range(args.repeats)]
-                state_file = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
-                _spawn({**base, "mode": "save_half", "half": args.samples // 2, "state_file": state_file})
-                resumes = [
-                    _spawn({**base, "mode": "resume", "state_file": state_file}) for _ in range(args.repeats)
-                ]
+        if CANDIDATES[name].available():
+            names.append(name)
+        else:
+            print(f"skip {name}: {', '.join(CANDIDATES[name].requires)} not importable", file=sys.stderr)
+    results = []
+    for workers in (int(w) for w in args.workers.split(",")):
+        for shuffle in (False, True):
+            cfg = RunConfig(
+                paths=tuple(map(str, paths)),
+                work=str(work),
+                num_workers=workers,
+                shuffle=shuffle,
+                batch_size=args.batch_size,
+            )
+            bases, states = {}, {}
+            for name in names:
+                CANDIDATES[name].prepare(cfg)
+                bases[name] = {"loader": name, "cfg": cfg.__dict__}
+                states[name] = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
+                _measure(bases[name], "save_half", half=args.samples // 2, state_file=states[name])
+            epochs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            resumes: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            for _ in range(args.repeats):
+                for name in names:
+                    epochs[name].append(_measure(bases[name], "epoch"))
+                    resumes[name].append(_measure(bases[name], "resume", state_file=states[name]))
+            for name in names:
                 memory = (
-                    _spawn({**base, "mode": "memory", "epochs": args.memory_epochs})
-                    if args.memory_epochs
-                    else {}
+                    _measure(bases[name], "memory", epochs=args.memory_epochs) if args.memory_epochs else {}
                 )
+                ep, rs = epochs[name], resumes[name]
                 row = {
                     "loader": name,
                     "workers": workers,
                     "shuffle": shuffle,
                     "repeats": args.repeats,
-                    "samples": epochs[0]["samples"],
-                    "cpu_us_per_sample": _median(epochs, "cpu_us_per_sample"),
-                    "samples_per_s": _median(epochs, "samples_per_s"),
-                    "first_batch_s": _median(epochs, "first_batch_s"),
-                    "resume_first_batch_s": _median(resumes, "first_batch_s"),
-                    "resumed_samples": resumes[0]["resumed_samples"],
-                    "resume_saved_after": resumes[0]["saved_delivered"],
-                    "peak_rss_mb": _median(epochs, "peak_rss_mb"),
-                    "peak_pss_mb": _median(epochs, "peak_pss_mb"),
+                    "samples": ep[0]["samples"],
+                    "cpu_us_per_sample": _median(ep, "cpu_us_per_sample"),
+                    "samples_per_s": _median(ep, "samples_per_s"),
+                    "first_batch_s": _median(ep, "first_batch_s"),
+                    "resume_first_batch_s": _median(rs, "first_batch_s"),
+                    "resumed_samples": rs[0]["resumed_samples"],
+                    "resume_saved_after": rs[0]["saved_delivered"],
+                    "peak_rss_mb": _median(ep, "peak_rss_mb"),
+                    "peak_pss_mb": _median(ep, "peak_pss_mb"),
                     "epoch_peak_pss_mb": memory.get("epoch_peak_pss_mb"),
                     "epoch_peak_rss_mb": memory.get("epoch_peak_rss_mb"),
                 }
                 print(json.dumps(row), file=sys.stderr)
                 results.append(row)
+    results.sort(key=lambda r: (names.index(r["loader"]), r["workers"], r["shuffle"]))
     return results
 
 

@@ -91,6 +91,18 @@ def test_damaged_file_is_detected_and_dropped(shm_dir: Path) -> None:
     assert tier.view("y") is None
 
 
+def test_a_value_verified_once_is_verified_again_when_its_file_changes(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=1 << 20)
+    tier.put("x", b"payload" * 100)
+    assert tier.view("x") == b"payload" * 100  # verified, remembered by file identity
+    path = shm_dir / "v" / "x"
+    raw = bytearray(path.read_bytes())
+    raw[40] ^= 1
+    time.sleep(0.001)
+    path.write_bytes(raw)  # same inode, new mtime
+    assert tier.view("x") is None and tier.counters.corrupt == 1
+
+
 KILLED_WRITER = textwrap.dedent(
     """
     import os, sys, time

@@ -416,6 +416,7 @@ def test_public_api_is_frozen() -> None:
         "put",
         "put_file",
         "delete",
+        "touch",
         "compare_and_swap",
         "ensure_bucket",
         "close",

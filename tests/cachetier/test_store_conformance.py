@@ -166,6 +166,17 @@ class StoreConformance:
 
     # ------------------------------------------------------------------ exists, delete, list
 
+    def test_touch_refreshes_mtime_and_keeps_the_value(self, store: Store) -> None:
+        store.put("t/x", b"value")
+        before = next(iter(store.list("t/x"))).mtime
+        time.sleep(1.1)  # S3 last-modified has one-second resolution
+        store.touch("t/x")
+        after = next(iter(store.list("t/x"))).mtime
+        assert after > before
+        assert store.get("t/x") == b"value"
+        with pytest.raises(NotFoundError):
+            store.touch("t/missing")
+
     def test_delete_is_idempotent(self, store: Store) -> None:
         store.put("d/x", b"1")
         store.delete("d/x")

@@ -22,7 +22,7 @@ def test_racing_commits_lose_nothing(repo_url: str, tmp_path: Path) -> None:
         project.mkdir()
         Repo.init(repo_url, workspace=project)
         projects.append(project)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # the children open their own Repo; fork starts them fast
     env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     landed: list[dict] = []
     for round_no in range(ROUNDS):

@@ -209,6 +209,9 @@ def test_works_under_torchdata_stateful_dataloader(source, total_records, num_wo
     before = ids_of(take(it, 7))
     state = loader.state_dict()
     del it
+    if num_workers:
+        for snapshot in state["_snapshot"]["_worker_snapshots"].values():
+            assert len(json.dumps(snapshot["dataset_state"])) < 1024
     json.dumps(state)
     resumed = make()
     resumed.load_state_dict(state)
