@@ -47,11 +47,18 @@ def measure(cmd: list[str], cwd: Path) -> dict[str, float]:
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cores_busy": round(cpu / wall, 2), "peak_rss_mib": round(after.ru_maxrss / 1024, 1)}
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "cores_busy": round(cpu / wall, 2),
+        "peak_rss_mib": round(after.ru_maxrss / 1024, 1),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()

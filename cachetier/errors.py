@@ -19,12 +19,12 @@ OSError) are translated where they enter, with ``raise ... from``.
 from __future__ import annotations
 
 __all__ = [
-    "TierdataError",
-    "NotFoundError",
+    "BadInputError",
     "ConflictError",
     "IntegrityError",
-    "BadInputError",
+    "NotFoundError",
     "StoreUnavailableError",
+    "TierdataError",
     "UsageError",
 ]
 

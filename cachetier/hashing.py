@@ -8,11 +8,12 @@ in each repository's ``repo.json`` so a future change stays readable.
 from __future__ import annotations
 
 import hashlib
+
 import blake3
 
 BytesLike = bytes | bytearray | memoryview
 
-__all__ = ["BytesLike", "DEFAULT_HASH", "HASH_HEX_LENGTH", "content_hash", "is_object_id", "hasher"]
+__all__ = ["DEFAULT_HASH", "HASH_HEX_LENGTH", "BytesLike", "content_hash", "hasher", "is_object_id"]
 
 DEFAULT_HASH = "blake3"
 HASH_HEX_LENGTH = 64
