@@ -12,8 +12,10 @@ Thread and fork rules
 - **Fork.** A child must not use its parent's handle, and LMDB refuses to open a path
   that is still open in the process. On first use in a new process :class:`SharedEnv`
   sees the pid changed, closes the inherited handle and opens its own (this is what
-  makes forked DataLoader workers work). Do not fork while another thread of the parent
-  is inside a transaction: reader slots live in shared memory.
+  makes forked DataLoader workers work). Forking while another thread is inside a
+  transaction breaks the child (reader slots live in shared memory): every transaction
+  passes a gate that ``fork()`` closes (``os.register_at_fork``), so a fork waits for
+  transactions in flight, which are short, and new ones wait for the fork.
 - **Threads.** Threads share the handle; a transaction belongs to the thread that began
   it and a thread holds at most one at a time (so budget decisions read statistics
   through the write transaction they run in).
@@ -102,6 +104,68 @@ _HANDLES: dict[Path, _Handle] = {}
 _REGISTRY_LOCK = [threading.Lock(), os.getpid()]
 
 
+class _ForkGate:
+    """Transactions pass the gate shared; ``fork()`` waits for them to end and holds it.
+
+    Forking while another thread is inside an LMDB transaction leaves the child with a
+    reader slot and library state in mid-update (a child then hung reopening the
+    environment, or found it "already open"). Registered with ``os.register_at_fork``
+    on first use; a thread that forks from inside its own transaction is not waited for,
+    and the wait is bounded by ``timeout`` seconds.
+    """
+
+    def __init__(self, timeout: float = 10.0):
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._active = 0
+        self._forking = False
+        self._own = threading.local()
+
+    def enter(self) -> None:
+        depth = getattr(self._own, "depth", 0)
+        with self._cond:
+            while self._forking and not depth:
+                self._cond.wait()
+            self._active += 1
+        self._own.depth = depth + 1
+
+    def leave(self) -> None:
+        self._own.depth -= 1
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()
+        self._forking = True
+        deadline = time.monotonic() + self.timeout
+        while self._active > getattr(self._own, "depth", 0) and deadline > time.monotonic():
+            self._cond.wait(deadline - time.monotonic())
+
+    def after_fork_in_parent(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__(self.timeout)  # the parent's other threads do not exist here
+
+
+_GATE = _ForkGate()
+_GATE_HOOKED = [False]
+
+
+def _hook_fork_gate() -> None:
+    if not _GATE_HOOKED[0]:
+        _GATE_HOOKED[0] = True
+        os.register_at_fork(
+            before=_GATE.before_fork,
+            after_in_parent=_GATE.after_fork_in_parent,
+            after_in_child=_GATE.after_fork_in_child,
+        )
+
+
 def _registry_lock() -> threading.Lock:
     if _REGISTRY_LOCK[1] != os.getpid():  # copied by fork, maybe held by a vanished thread
         _REGISTRY_LOCK[:] = [threading.Lock(), os.getpid()]
@@ -127,6 +191,7 @@ class SharedEnv:
         handle = self._handle
         if handle is not None and handle.pid == os.getpid() and _HANDLES.get(self.path) is handle:
             return handle
+        _hook_fork_gate()
         with _registry_lock():
             handle = _HANDLES.get(self.path)
             if handle is not None and handle.pid != os.getpid():
@@ -166,14 +231,22 @@ class SharedEnv:
     @contextmanager
     def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
         """A short read transaction; keep the block small (see the module rules)."""
-        with self.open().begin(buffers=buffers) as txn:
-            yield txn
+        _GATE.enter()
+        try:
+            with self.open().begin(buffers=buffers) as txn:
+                yield txn
+        finally:
+            _GATE.leave()
 
     @contextmanager
     def write(self) -> Iterator[lmdb.Transaction]:
         """A write transaction: committed at the end of the block, aborted on an exception."""
-        with self.open().begin(write=True) as txn:
-            yield txn
+        _GATE.enter()
+        try:
+            with self.open().begin(write=True) as txn:
+                yield txn
+        finally:
+            _GATE.leave()
 
     def used_bytes(self, txn: lmdb.Transaction) -> int:
         """Bytes of pages in use by every database, as seen by ``txn`` (free pages excluded)."""
@@ -226,7 +299,7 @@ class SharedEnv:
         """Read the map size and budget fixed at creation, or fix them now (once per node)."""
         layout = self.path / _LAYOUT_FILE
         with open(self.path / ".layout.lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.lockf(lock, fcntl.LOCK_EX)  # a record lock: never inherited by a forked child
             try:
                 fixed = json.loads(layout.read_text())
                 return int(fixed["map_size"]), int(fixed["budget_cap"])

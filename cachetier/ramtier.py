@@ -2,7 +2,7 @@
 
 Layout under ``root`` (by default a folder in ``/dev/shm``)::
 
-    .lock                   flock held while admitting or evicting (never to read)
+    .lock                   locked (lockf) while admitting or evicting, never to read
     v/<quoted key>          one framed value (see cachetier._frame); keys are percent-quoted,
                             so ``<oid>`` and ``<oid>:decoded`` (a decoded shard) live side by side
     v/.tmp.<pid>.<random>   a value being written
@@ -20,7 +20,7 @@ Rules
   file, temp files included, i.e. what tmpfs holds), evict what the chooser names until
   the new value fits the budget, write a temp file and rename it into place. Readers
   see the whole value or nothing.
-- **Crashes**: ``kill -9`` releases the lock (the kernel drops flocks of dead processes)
+- **Crashes**: ``kill -9`` releases the lock (the kernel drops locks of dead processes)
   and can leave a temp file, which the next admission (or :meth:`RamTier.open`) deletes
   once its pid is gone. Nothing half-written is ever visible under a key.
 - **Budget**: allocated bytes never exceed it after an admission. Views that readers
@@ -33,6 +33,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ class RamTier(Store):
         self.url = self.root.as_uri()
         self._opened = False
         self._verified: dict[str, tuple[int, int, int]] = {}
+        self._pid = os.getpid()
+        self._thread_lock = threading.Lock()
 
     def open(self) -> None:
         """Create the folders if needed and remove temp files of dead processes."""
@@ -271,12 +274,22 @@ class RamTier(Store):
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        """Exclusive against every thread and process on the node.
+
+        A POSIX record lock (``lockf``), not ``flock``: a child forked while a thread
+        holds the lock does not inherit it (an inherited ``flock`` descriptor would keep
+        the lock held until the child exited). Record locks are per process, so a
+        thread lock orders this process's threads.
+        """
+        if self._pid != os.getpid():  # a thread lock copied by fork may be held by a vanished thread
+            self._pid, self._thread_lock = os.getpid(), threading.Lock()
+        with self._thread_lock:
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
 
 def _name(key: str) -> str:

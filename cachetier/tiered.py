@@ -70,6 +70,9 @@ __all__ = ["TieredStore", "decoded_key", "serve"]
 _FLUSH_EVERY = 64
 _FLUSH_INTERVAL = 1.0
 _RETRY_TIER_AFTER = 30.0
+# An SSD hit that RAM refused is not offered to RAM again for this many reads of this
+# process: a refused offer costs a scan of RAM's residents (~0.5 ms, as much as the hit).
+_RECONSIDER_AFTER = 128
 _COUNTERS_KEY = b"counters"
 _TIER_ERRORS = (StoreUnavailableError, OSError, lmdb.Error)
 _CORRUPT = object()
@@ -140,7 +143,9 @@ class TieredStore:
         self._reads_since_flush = 0
         self._last_flush = time.monotonic()
         self._flush_lock = threading.Lock()
-        self._flushing = threading.Event()
+        self._flush_due = threading.Event()
+        self._flusher_pid = -1
+        self._refused: dict[tuple[str, str], int] = {}
         self._closed = False
         _flush_at_exit(self)
 
@@ -160,7 +165,7 @@ class TieredStore:
         if view is None:
             data = self._from_ssd(oid, None)
             if data is not None:
-                self._offer("ram", oid, data)  # promotion; the SSD copy stays
+                self._offer("ram", oid, data, promotion=True)  # the SSD copy stays
             else:
                 data = self._fetch(oid)
                 if not self._offer("ram", oid, data):  # what RAM takes reaches SSD when demoted
@@ -185,11 +190,12 @@ class TieredStore:
         """
         self._begin_read(oid, reader)
         key = decoded_key(oid, kind)
-        view = self._from_ram(key)
-        if view is None:
-            raw = self._from_ram(oid, count=False)
+        view = self._from_ram(key, count=False)
+        if view is not None:
+            self._count_hit("ram", view.nbytes)
+        else:
+            raw = self._from_ram(oid)
             if raw is not None:
-                self._count_hit("ram", raw.nbytes)
                 decoded = decode(raw)
             else:
                 decoded = self._from_ssd(oid, decode)
@@ -314,14 +320,18 @@ class TieredStore:
 
     # -- placement ---------------------------------------------------------------------
 
-    def _offer(self, tier: str, key: str, data: BytesLike, *, skip: int = 0) -> bool:
+    def _offer(self, tier: str, key: str, data: BytesLike, *, skip: int = 0, promotion: bool = False) -> bool:
         """Ask the policy whether ``key`` enters ``tier``; store it if so.
 
         Raw objects that RAM evicts to make room are offered to the SSD tier (demoted)
-        unless it holds them already.
+        unless it holds them already. A refused promotion (of an SSD hit to RAM) is not
+        tried again for ``_RECONSIDER_AFTER`` reads: each try scans RAM's residents.
         """
         target = self.ram if tier == "ram" else self.ssd
         if target is None or not self._usable(tier) or tier in self._no_writes:
+            return False
+        refused_at = self._refused.get((tier, key))
+        if promotion and refused_at is not None and self.counters.reads - refused_at < _RECONSIDER_AFTER:
             return False
         self.hints.refresh()
         demoted: list[tuple[str, memoryview]] = []
@@ -330,6 +340,10 @@ class TieredStore:
         except _TIER_ERRORS as e:
             self._mark(self._no_writes, tier, e)
             admitted = False
+        if promotion and not admitted:
+            if len(self._refused) >= 1 << 16:
+                self._refused.clear()
+            self._refused[(tier, key)] = self.counters.reads
         for victim, view in demoted:
             if self.ssd is not None and self._usable("ssd") and not self.ssd.exists(victim):
                 self._offer("ssd", victim, view)
@@ -438,6 +452,7 @@ class TieredStore:
     def evict(self, oids: Iterable[str] | None = None, *, tier: str | None = None) -> dict[str, int]:
         """Drop ``oids`` (and their decoded forms) from ``tier`` (both when None), or everything."""
         tiers = [tier] if tier else ["ram", "ssd"]
+        self._refused.clear()
         removed = {}
         for name in tiers:
             target = self.ram if name == "ram" else self.ssd
@@ -509,6 +524,8 @@ class TieredStore:
                 return
             snapshot = self._snapshot()
             delta = snapshot - self._published
+            if delta == CacheCounters():
+                return  # no read since the last flush: nothing buffered either
             try:
                 with self._env.write() as txn:
                     self._shared_stats.flush(txn)
@@ -522,18 +539,15 @@ class TieredStore:
                 self.counters.ssd.errors += 1
 
     def _flush_soon(self) -> None:
-        """Flush in a short-lived thread, so a read never waits for the commit's fsync."""
-        if self._flushing.is_set():
-            return
-        self._flushing.set()
-
-        def run() -> None:
-            try:
-                self.flush()
-            finally:
-                self._flushing.clear()
-
-        threading.Thread(target=run, name="tierdata-flush", daemon=True).start()
+        """Wake this process's flusher thread, so a read never waits for the commit's fsync."""
+        if self._flusher_pid != os.getpid():
+            self._flusher_pid = os.getpid()
+            self._flush_due = threading.Event()
+            ref = weakref.ref(self)
+            threading.Thread(
+                target=_flusher, args=(ref, self._flush_due), name="tierdata-flush", daemon=True
+            ).start()
+        self._flush_due.set()
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -633,7 +647,6 @@ class TieredStore:
         self._pid = os.getpid()
         self._published = self._snapshot()
         self._flush_lock = threading.Lock()
-        self._flushing = threading.Event()
         _flush_at_exit(self)
 
     def close(self) -> None:
@@ -659,6 +672,18 @@ class TieredStore:
         return (
             f"TieredStore(ram={self.config.ram_bytes}, ssd={self.config.ssd_bytes}, policy={self.policy!r})"
         )
+
+
+def _flusher(ref: weakref.ref[TieredStore], due: threading.Event) -> None:
+    """Flush the store whenever ``due`` is set; end when the store is gone or closed."""
+    while True:
+        due.wait(_FLUSH_INTERVAL * 5)
+        due.clear()
+        store = ref()
+        if store is None or store._closed:
+            return
+        store.flush()
+        del store
 
 
 def _flush_at_exit(store: TieredStore) -> None:

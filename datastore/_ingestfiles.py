@@ -12,7 +12,7 @@ are cut into content-defined chunks, each stored as its own object.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from cachetier.errors import BadInputError
 from cachetier.hashing import hasher
-from datastore._pipeline import Uploader, store_pending
+from datastore._pipeline import Uploader, read_ahead, store_pending
 from datastore._sourcebase import SourceSpec, SourceStats
 from datastore.chunking import ChunkOptions, iter_chunks, pack_chunk
 from datastore.files import FILES_SCHEMA, FileEntry, files_batch, read_small_file, walk_files
@@ -87,9 +87,15 @@ class _FilesIngest:
     def run_source(self, spec: SourceSpec, entries: list[FileEntry]) -> SourceStats:
         stats = SourceStats()
         digest = hasher()
-        for group in _groups(entries, self.chunk_options.threshold):
-            records = [self._lookup(e, spec.display) for e in group]
-            self._load(records)
+
+        def loaded() -> Iterator[list[_Record]]:
+            for group in _groups(entries, self.chunk_options.threshold):
+                records = [self._lookup(e, spec.display) for e in group]
+                self._load(records)
+                yield records
+
+        # The next group's files are read while this one is hashed and cut.
+        for records in read_ahead(loaded(), depth=2):
             self._hash_fresh(records)
             for r in records:
                 digest.update(r.entry.path.encode() + b"\0" + r.hash)

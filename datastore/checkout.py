@@ -125,8 +125,8 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def safe_target(root: Path, relpath: str, checked_dirs: set[str] | None = None) -> Path:
-    """Return ``root/relpath`` if it stays inside ``root``; BadInputError otherwise.
+def safe_target(root: str, relpath: str, checked_dirs: set[str] | None = None) -> str:
+    """Return ``root/relpath`` if it stays inside ``root`` (an absolute path); BadInputError otherwise.
 
     The path is checked lexically (no absolute path, ``..``, empty or NUL part) and its
     folder by ``realpath`` (no symlink planted in ``root`` leads out); ``checked_dirs``
@@ -144,8 +144,8 @@ def safe_target(root: Path, relpath: str, checked_dirs: set[str] | None = None) 
         raise BadInputError(
             f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath
         )
-    path = root.joinpath(*relpath.split("/"))
-    parent = str(path.parent)
+    path = f"{root}/{relpath}"
+    parent = path.rpartition("/")[0]
     if checked_dirs is None or parent not in checked_dirs:
         real_root = os.path.realpath(root)
         real_parent = os.path.realpath(parent)
@@ -160,30 +160,33 @@ _BATCH_FILES = 512
 
 
 def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
-    root = target.absolute()
+    root = os.path.abspath(target)
     records = written = 0
     checked: set[str] = set()
+    made: set[str] = set()
     with ThreadPoolExecutor(_WRITERS) as pool:
         futures: list[Future[int]] = []
         for table in iter_version_tables(repo, info, ["path", "size", "data", "chunks"]):
             paths = table.column("path").to_pylist()
             sizes = table.column("size").to_pylist()
-            data = table.column("data").combine_chunks()
+            values = _binary_values(table.column("data").combine_chunks())
             chunks = table.column("chunks").combine_chunks()
             # Validate the whole shard's paths before writing any file of it.
             targets = [safe_target(root, p, checked) for p in paths]
-            for folder in {str(t.parent) for t in targets}:
+            for folder in {t.rpartition("/")[0] for t in targets} - made:
                 os.makedirs(folder, exist_ok=True)
-            inline: list[tuple[Path, pa.Buffer]] = []
+                made.add(folder)
+            inline: list[tuple[str, memoryview]] = []
             for i, path in enumerate(targets):
-                if data[i].is_valid:
-                    inline.append((path, data[i].as_buffer()))
+                value = values[i]
+                if value is not None:
+                    inline.append((path, value))
                     if len(inline) >= _BATCH_FILES:
                         futures.append(pool.submit(_write_inline_batch, inline))
                         inline = []
                 else:
                     ids = chunks[i].as_py() or []
-                    futures.append(pool.submit(_write_chunked, repo, path, ids, sizes[i]))
+                    futures.append(pool.submit(_write_chunked, repo, Path(path), ids, sizes[i]))
             if inline:
                 futures.append(pool.submit(_write_inline_batch, inline))
             records += table.num_rows
@@ -192,18 +195,33 @@ def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
     return {"files": records, "records": records, "bytes": written}
 
 
-def _write_inline_batch(items: list[tuple[Path, pa.Buffer]]) -> int:
+def _binary_values(array: pa.Array) -> list[memoryview | None]:
+    """Zero-copy views of each value of a (large) binary array; None for nulls."""
+    import numpy as np
+
+    _, offsets_buf, data_buf = array.buffers()
+    dtype = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(
+        offsets_buf, dtype, count=len(array) + 1, offset=array.offset * np.dtype(dtype).itemsize
+    )
+    view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    bounds = offsets.tolist()
+    return [view[bounds[i] : bounds[i + 1]] if valid[i] else None for i in range(len(array))]
+
+
+def _write_inline_batch(items: list[tuple[str, memoryview]]) -> int:
     total = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     for path, data in items:
         fd = os.open(path, flags, 0o644)
         try:
-            view = memoryview(data)
+            view = data
             while view:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        total += data.size
+        total += len(data)
     return total
 
 

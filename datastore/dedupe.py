@@ -11,6 +11,7 @@ record's ``operation`` holds the parameters, the counts and the audit object id.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from versioning import ShardEntry, ShardTable
 if TYPE_CHECKING:
     from datastore.repo import Repo
 
-__all__ = ["content_column", "dedup_shards", "write_audit"]
+__all__ = ["content_column", "dedup_shards", "read_shard_column", "summary", "write_audit"]
 
 
 def content_column(schema_fields: Sequence[dict[str, Any]], text_column: str | None) -> tuple[str, str]:
@@ -78,7 +79,13 @@ def dedup_shards(
         for _oid, data in repo.objects.get_many(hashes):
             yield read_shard(data, [column])
 
-    result = find_duplicates(parts, column=column, config=config, client=client)
+    # On a cluster each part reads its own shard on a worker (from the repository URL).
+    source: Any = (
+        [functools.partial(read_shard_column, repo.url, oid, column, repo.algorithm) for oid in hashes]
+        if client is not None
+        else parts
+    )
+    result = find_duplicates(source, column=column, config=config, client=client)
     keep = result.keep.copy()
     offsets = np.concatenate([[0], np.cumsum([int(n) for n in table.records])])
     keep[: offsets[first_affected]] = True
@@ -106,6 +113,15 @@ def dedup_shards(
             )
         )
     return entries, result
+
+
+def read_shard_column(url: str, oid: str, column: str, algorithm: str) -> pa.Table:
+    """Read one column of shard ``oid`` from the repository at ``url`` (runs on dask workers)."""
+    from cachetier.objects import ObjectStore
+    from cachetier.registry import open_store
+
+    with open_store(url) as store:
+        return read_shard(ObjectStore(store, algorithm=algorithm).get(oid), [column])
 
 
 def write_audit(repo: Repo, result: DedupResult) -> str:

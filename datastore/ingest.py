@@ -30,7 +30,7 @@ from datastore._pipeline import Uploader, read_ahead, store_pending
 from datastore._schema import conform
 from datastore.chunking import ChunkOptions
 from datastore.ingestindex import IngestIndex
-from datastore.shards import DEFAULT_SHARD_SIZE, ShardInfo, ShardOptions, ShardWriter
+from datastore.shards import DEFAULT_SHARD_SIZE, FILES_SHARD_SIZE, ShardInfo, ShardOptions, ShardWriter
 from datastore.sources import (
     ReadContext,
     SchemaWidened,
@@ -124,7 +124,7 @@ def ingest(
     objects: ObjectStore,
     *,
     format: str = "auto",
-    shard_size: int | None = DEFAULT_SHARD_SIZE,
+    shard_size: int | None = None,
     text_column: str | None = None,
     on_error: str = "fail",
     index: str | os.PathLike[str] | IngestIndex | None = None,
@@ -139,14 +139,16 @@ def ingest(
     ``file:line``) for bad input, unless ``on_error="skip"``, which drops bad records and
     counts them in ``IngestResult.skipped``. ``index`` is the ingest index (a file, a
     folder to keep ``index.json`` in, or an :class:`IngestIndex`); ``progress(n)`` is
-    called with input bytes as they are read. ``shard_size=None`` means the default.
+    called with input bytes as they are read. ``shard_size=None`` means the default
+    (16 MiB; 4 MiB for a ``files`` dataset, so an edited file rewrites less).
     """
     if on_error not in ("fail", "skip"):
         raise BadInputError(
             f"unknown error policy {on_error!r}", subject="--on-error", hint="use fail or skip"
         )
     specs = resolve_sources(sources, format)
-    shard_size = shard_size or DEFAULT_SHARD_SIZE
+    files = specs[0].format == "files"
+    shard_size = shard_size or (FILES_SHARD_SIZE if files else DEFAULT_SHARD_SIZE)
     options = ShardOptions(shard_size=shard_size, algorithm=objects.algorithm)
     settings = _Settings(
         on_error=on_error,

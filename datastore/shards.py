@@ -44,6 +44,7 @@ from datastore.recordhash import HASH_COLUMN, RecordDigests, digest_prefixes, ha
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "FILES_SHARD_SIZE",
     "SHARD_FORMAT",
     "BoundaryCutter",
     "EncodedShard",
@@ -61,6 +62,8 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_SIZE = 16 << 20
+#: Files datasets cut smaller shards: an edited file then rewrites ~4 MiB, not ~16 MiB.
+FILES_SHARD_SIZE = 4 << 20
 SHARD_FORMAT = "1"
 _MIN_SHARD_SIZE = 1024
 _MAX_SHARD_SIZE = 2 << 30

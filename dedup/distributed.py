@@ -289,7 +289,7 @@ def _near(client, plan, column, handles, sketches, status, rep, bounds, workers,
         ]
         got = client.gather(futures)
         cpu["shingle_sets"] = sum(g[1] for g in got)
-        sets = ShingleSets.concat([g[0] for g in got])
+        sets = [g[0] for g in got]
     elif config.verify == "signature":
         futures = [
             client.submit(

@@ -58,7 +58,8 @@ class NormalizedBatch:
     """Normalized bytes of ``len(status)`` records.
 
     Record ``i`` is ``data[starts[i]:ends[i]]`` (UTF-8 for text content; raw bytes for
-    ``content="bytes"``). Ranges of records with a bad status are empty.
+    ``content="bytes"``). Ranges of records with a bad status are empty. For text, 8 zero
+    bytes follow the last record, so 8-byte loads at any word start stay in bounds.
     """
 
     data: np.ndarray  # uint8

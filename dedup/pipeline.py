@@ -31,7 +31,6 @@ from dedup.config import DedupConfig
 from dedup.exact import exact_eligible, exact_representatives
 from dedup.result import DedupResult
 from dedup.stages import (
-    BatchSketch,
     RunPlan,
     candidate_pairs,
     column_values,
@@ -72,23 +71,32 @@ def find_duplicates(
     reader = _reader(source, needs_second_pass=config.method == "minhash" and config.verify == "exact")
     clock = _Clock()
 
-    parts, sizes = [], []
+    status_parts, key_parts, band_parts, sig_parts = [], [], [], []
     for batch in reader():
         sketch = sketch_values(column_values(batch, column), plan)
-        parts.append(sketch)
-        sizes.append(len(sketch.status))
-    sketch = BatchSketch.concat(parts)
-    del parts
+        status_parts.append(sketch.status)
+        key_parts.append(sketch.keys)
+        band_parts.append(sketch.band_keys)
+        sig_parts.append(sketch.sigs)
+        del sketch
     clock.lap("sketch")
-    status = sketch.status
+    # Each per-record array is joined and its parts dropped before the next one, so the
+    # peak stays near one copy of what stage 1 keeps (~190 bytes per record).
+    sizes = [len(p) for p in status_parts]
+    status = np.concatenate(status_parts) if status_parts else np.zeros(0, np.uint8)
+    del status_parts
     n = len(status)
-    rep = exact_representatives(sketch.keys, exact_eligible(status))
+    keys = np.concatenate(key_parts) if key_parts else np.zeros((0, 2), np.uint64)
+    del key_parts
+    rep = exact_representatives(keys, exact_eligible(status))
+    del keys
     stats: dict[str, Any] = {"records": n}
     edges = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
     if config.method == "minhash":
-        active = np.flatnonzero(near_active(status, rep))
-        pairs = candidate_pairs(sketch.band_keys[:, active], active, config.max_bucket_neighbors)
-        stats.update(compared_records=len(active), candidate_pairs=len(pairs))
+        active = near_active(status, rep)
+        pairs = candidate_pairs(band_parts, active, config.max_bucket_neighbors)
+        del band_parts
+        stats.update(compared_records=int(active.sum()), candidate_pairs=len(pairs))
         clock.lap("candidates")
         sets = sig_index = sigs = None
         if config.verify == "exact":
@@ -97,17 +105,17 @@ def find_duplicates(
         elif config.verify == "signature":
             sig_index = np.unique(np.concatenate([pairs >> np.uint64(32), pairs & np.uint64(0xFFFFFFFF)]))
             sig_index = sig_index.astype(np.int64)
-            sigs = sketch.sigs[:, sig_index]
+            sigs = np.concatenate(sig_parts, axis=1)[:, sig_index]
+        del sig_parts
         edges = verify_pairs(pairs, plan, sets, sigs, sig_index)
         clock.lap("verify")
-    del sketch
     result = finish(status, rep, edges, plan, stats)
     clock.lap("cluster")
     result.stats["seconds"] = clock.laps
     return result
 
 
-def _shingle_sets(reader, column, sizes, pairs, plan) -> ShingleSets:
+def _shingle_sets(reader, column, sizes, pairs, plan) -> list[ShingleSets]:
     wanted = np.unique(np.concatenate([pairs >> np.uint64(32), pairs & np.uint64(0xFFFFFFFF)])).astype(
         np.int64
     )
@@ -126,7 +134,7 @@ def _shingle_sets(reader, column, sizes, pairs, plan) -> ShingleSets:
         lo, hi = np.searchsorted(wanted, [bounds[k], bounds[k + 1]])
         if hi > lo:
             found.append(shingle_sets(values, wanted[lo:hi] - bounds[k], int(bounds[k]), plan))
-    return ShingleSets.concat(found)
+    return found
 
 
 def iter_part(part: Part) -> Iterator[pa.Table | pa.RecordBatch]:

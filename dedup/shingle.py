@@ -158,16 +158,22 @@ def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, local
 
 
+def _ragged_index(base: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concatenate([base[r] + arange(counts[r]) for r])`` without a Python loop."""
+    first = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    return np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(base - first, counts)
+
+
 def _unit_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """:func:`unit_hash64` of every unit ``data[starts[k]:starts[k] + lengths[k]]``;
     ``data`` has 8 readable bytes past every unit."""
     words = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     h = lengths.astype(np.uint64) * _U64(_LEN_MULT)
-    is_long = lengths > _LONG_UNIT
     h ^= words[starts] & _MASKS[np.minimum(lengths, 8)]
     h *= _U64(_CHUNK_MULT)
     h ^= h >> _U64(29)
-    todo = np.flatnonzero((lengths > 8) & ~is_long)
+    todo = np.flatnonzero((lengths > 8) & (lengths <= _LONG_UNIT))
     k = 8
     while len(todo):
         chunk = words[starts[todo] + k] & _MASKS[np.minimum(lengths[todo] - k, 8)]
@@ -176,9 +182,10 @@ def _unit_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
         h[todo] = x
         k += 8
         todo = todo[lengths[todo] > k]
-    if is_long.any():
+    long_rows = np.flatnonzero(lengths > _LONG_UNIT)
+    if len(long_rows):
         raw = data.tobytes()
-        for r in np.flatnonzero(is_long).tolist():
+        for r in long_rows.tolist():
             h[r] = _unit_state(raw[starts[r] : starts[r] + lengths[r]])
     return h
 
@@ -197,8 +204,7 @@ def _combine_units(unit_hash: np.ndarray, first_unit: np.ndarray, counts: np.nda
     for i in range(1, n):
         np.multiply(unit_hash[i : i + windows], _U64(_weight(i)), out=scratch)
         acc += scratch
-    group, local = _ragged(counts)
-    g = first_unit[group] + local
+    g = _ragged_index(first_unit, counts)
     return fmix64(acc[g]), g
 
 
@@ -225,8 +231,7 @@ def shingle_batch(norm: NormalizedBatch, config: DedupConfig) -> Shingles:
     char_mode = ok & ~word_mode
 
     word_rows = np.flatnonzero(word_mode)
-    group, local = _ragged(n_spaces[word_rows])
-    word_spaces = spaces[first_space[word_rows][group] + local]
+    word_spaces = spaces[_ragged_index(first_space[word_rows], n_spaces[word_rows])]
     w = _word_shingles(norm.data, starts, ends, word_spaces, word_rows, n_words, config.ngram)
     char_rows = np.flatnonzero(char_mode)
     c = _char_shingles(norm.data, starts, ends, char_rows, config.char_ngram)

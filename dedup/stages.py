@@ -182,11 +182,20 @@ def near_active(status: np.ndarray, rep: np.ndarray) -> np.ndarray:
     return np.isin(status, np.array(NEAR_ELIGIBLE, dtype=np.uint8)) & (rep == np.arange(len(rep)))
 
 
-def candidate_pairs(keys: np.ndarray, records: np.ndarray, max_neighbors: int) -> np.ndarray:
-    """Stage 2 for all bands: ``keys`` is ``(bands, len(records))``; unique sorted pair codes."""
-    out = [band_pairs(keys[b], records, max_neighbors) for b in range(keys.shape[0])]
-    if not out:
+def candidate_pairs(parts: list[np.ndarray | None], active: np.ndarray, max_neighbors: int) -> np.ndarray:
+    """Stage 2 for all bands: ``parts`` are consecutive ``(bands, records)`` key arrays,
+    ``active`` the records taking part; returns unique sorted pair codes. Only one band of
+    the active records is copied at a time."""
+    records = np.flatnonzero(active)
+    parts = [p for p in parts if p is not None and p.shape[1]]
+    if not parts or len(records) < 2:
         return np.zeros(0, dtype=np.uint64)
+    bounds = np.cumsum([0] + [p.shape[1] for p in parts])
+    masks = [active[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+    out = []
+    for band in range(parts[0].shape[0]):
+        keys = np.concatenate([p[band][m] for p, m in zip(parts, masks)])
+        out.append(band_pairs(keys, records, max_neighbors))
     return np.unique(np.concatenate(out))
 
 
@@ -209,7 +218,7 @@ def shingle_sets(
 def verify_pairs(
     pairs: np.ndarray,
     plan: RunPlan,
-    sets: ShingleSets | None,
+    sets: ShingleSets | list[ShingleSets] | None,
     sigs: np.ndarray | None,
     sig_index: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

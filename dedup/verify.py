@@ -8,6 +8,7 @@ of the two records: sorted, unique arrays, intersected with ``np.searchsorted``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,17 +58,26 @@ class ShingleSets:
         )
 
 
-def exact_jaccard(i: np.ndarray, j: np.ndarray, sets: ShingleSets) -> np.ndarray:
-    """Exact Jaccard similarity of the shingle sets of records ``i[k]`` and ``j[k]``."""
+def exact_jaccard(i: np.ndarray, j: np.ndarray, sets: ShingleSets | Sequence[ShingleSets]) -> np.ndarray:
+    """Exact Jaccard similarity of the shingle sets of records ``i[k]`` and ``j[k]``.
+
+    ``sets`` may be a list of :class:`ShingleSets` of increasing record ranges (one per
+    batch): they are used in place, never joined into one copy.
+    """
     out = np.zeros(len(i), dtype=np.float64)
     if len(i) == 0:
         return out
-    ki = np.searchsorted(sets.records, i)
-    kj = np.searchsorted(sets.records, j)
-    values, offsets = sets.values, sets.offsets.tolist()
-    for n, (x, y) in enumerate(zip(ki.tolist(), kj.tolist())):
-        a = values[offsets[x] : offsets[x + 1]]
-        b = values[offsets[y] : offsets[y + 1]]
+    parts = [sets] if isinstance(sets, ShingleSets) else [s for s in sets if len(s.records)]
+    records = np.concatenate([p.records for p in parts])
+    part_of = np.repeat(np.arange(len(parts)), [len(p.records) for p in parts])
+    local = np.concatenate([np.arange(len(p.records)) for p in parts])
+    ki, kj = np.searchsorted(records, i), np.searchsorted(records, j)
+    values = [p.values for p in parts]
+    offsets = [p.offsets.tolist() for p in parts]
+    rows = zip(part_of[ki].tolist(), local[ki].tolist(), part_of[kj].tolist(), local[kj].tolist())
+    for n, (px, x, py, y) in enumerate(rows):
+        a = values[px][offsets[px][x] : offsets[px][x + 1]]
+        b = values[py][offsets[py][y] : offsets[py][y + 1]]
         if len(a) > len(b):
             a, b = b, a
         if len(a) == 0:

@@ -110,9 +110,9 @@ def plot(results: dict, path: Path) -> None:
         for y, v in enumerate(values):
             ax.text(v + 0.5, y, f"{v:.1f}", va="center", fontsize=8)
         if name == "epoch":
-            ax.axvline(100 * res["ceiling"], color="tab:red", ls="--", label="C/N ceiling")
-            ax.legend(loc="lower right")
-        ax.set_title(res["title"], fontsize=9)
+            ax.axvline(100 * res["ceiling"], color="tab:red", ls="--")
+        title = res["title"] + ("\n(dashed: the C/N ceiling)" if name == "epoch" else "")
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("hit ratio (%)")
         ax.invert_yaxis()
     fig.tight_layout()

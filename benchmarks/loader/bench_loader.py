@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 num_workers=workers,
                 shuffle=shuffle,
                 batch_size=args.batch_size,
+                shuffle_window=args.shuffle_window,
             )
             bases, states = {}, {}
             for name in names:
@@ -327,10 +328,11 @@ def main() -> None:
     r.add_argument("--samples", type=int, default=100_000)
     r.add_argument("--shards", type=int, default=10)
     r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--shuffle-window", type=int, default=2, help="tierdata's shuffle window, in shards")
     r.add_argument("--workers", default="0,2")
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--memory-epochs", type=int, default=5)
-    r.add_argument("--loaders", default="limit,tierdata,litdata,mds,wds")
+    r.add_argument("--loaders", default="limit,tierdata,tierdata-repo,litdata,mds,wds")
     r.add_argument("--work", default=str(DEFAULT_WORK))
     r.add_argument("--out", default=str(DEFAULT_OUT))
     c = sub.add_parser("_child")

@@ -190,3 +190,48 @@ def test_one_handle_per_path_per_process(tmp_path: Path) -> None:
     LmdbTier(b, budget=1 << 20).put("still", b"open")  # b keeps the handle alive
     b.close()
     lmdb.open(str(a.path), map_size=2 << 20, max_dbs=5).close()  # the last user closed it
+
+
+FORK_WHILE_BUSY = textwrap.dedent(
+    """
+    import os, sys, threading
+    from cachetier.lmdbtier import SharedEnv
+    env = SharedEnv(sys.argv[1], map_size=16 << 20, budget=8 << 20)
+    stop = threading.Event()
+    def busy():
+        while not stop.is_set():
+            with env.read() as txn:
+                env.used_bytes(txn)
+            with env.write() as txn:
+                txn.put(b"parent", b"x", db=env.db("meta"))
+    threads = [threading.Thread(target=busy) for _ in range(3)]
+    for t in threads:
+        t.start()
+    failed = 0
+    for i in range(15):
+        pid = os.fork()
+        if pid == 0:
+            child = SharedEnv(sys.argv[1], map_size=16 << 20, budget=8 << 20)
+            with child.write() as txn:
+                txn.put(b"child", b"y", db=child.db("meta"))
+            os._exit(0)
+        failed += os.waitpid(pid, 0)[1] != 0
+    stop.set()
+    for t in threads:
+        t.join()
+    print(failed)
+    """
+)
+
+
+def test_fork_waits_for_transactions_of_other_threads(tmp_path: Path) -> None:
+    """Without the fork gate a child forked mid-transaction hung reopening the environment."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_BUSY, str(tmp_path / "env")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"

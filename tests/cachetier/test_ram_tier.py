@@ -159,3 +159,40 @@ def test_unusable_folder_raises_store_unavailable(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError, match="file"):
         tier.put("k", b"v")
     assert tier.view("k") is None
+
+
+FORK_WHILE_LOCKED = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from cachetier.ramtier import RamTier
+    tier = RamTier(sys.argv[1], budget=1 << 20)
+    tier.open()
+    held = threading.Event()
+    def hold():
+        with tier._locked():
+            held.set()
+            time.sleep(0.3)
+    threading.Thread(target=hold).start()
+    held.wait()
+    pid = os.fork()                      # the child is born while the parent holds the lock
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    start = time.monotonic()
+    tier.put("after", b"x")              # must not wait for the child to exit
+    print(round(time.monotonic() - start, 1))
+    os.waitpid(pid, 0)
+    """
+)
+
+
+def test_a_forked_child_does_not_inherit_the_admission_lock(shm_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_LOCKED, str(shm_dir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) < 2.0

@@ -180,7 +180,7 @@ def test_state_from_another_version_seed_or_plan_is_refused(source):
     with pytest.raises(UsageError, match="shuffle"):
         StreamingDataset(source, shuffle=False, seed=1).load_state_dict(state)
     with pytest.raises(UsageError, match="shuffle_window"):
-        StreamingDataset(source, shuffle=True, seed=1, shuffle_window=2).load_state_dict(state)
+        StreamingDataset(source, shuffle=True, seed=1, shuffle_window=3).load_state_dict(state)
     with pytest.raises(BadInputError, match="consumed"):
         StreamingDataset(source, shuffle=True, seed=1).load_state_dict({**state, "consumed": -1})
     with pytest.raises(BadInputError, match="format"):
