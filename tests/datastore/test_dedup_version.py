@@ -92,9 +92,12 @@ def test_dedup_on_a_dask_cluster_matches_one_process(local_url: str, tmp_path: P
     repo.branch("other", raw)
     alone = repo.dedup()
     repo.checkout("other")
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-    ) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         clustered = repo.dedup(client=client)
     assert clustered["removed_records"] == alone["removed_records"]
     assert repo.show(clustered["version"]).record.data_hash == repo.show(alone["version"]).record.data_hash
