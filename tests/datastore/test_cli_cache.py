@@ -1,0 +1,64 @@
+"""`dataset cache stats | warm | evict | serve`: per-tier figures as JSON and as Prometheus text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from datastore.sample import write_sample_jsonl
+
+TIER_KEYS = {"bytes_used", "budget", "hits", "misses", "evictions"}
+
+
+def test_cache_commands(cli, local_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "c.jsonl"
+    write_sample_jsonl(src, 4000, seed=3)
+    cache = ["--cache-dir", tmp_path / "cache", "--ram-bytes", "8MB", "--ssd-bytes", "64MB"]
+    assert cli("init", local_url).code == 0
+    cli("ingest", src, "--shard-size", "128KB")
+    cli("version", "-m", "v")
+    warm = cli("cache", "warm", *cache, "--json").json
+    assert warm["requested"] >= 4 and warm["admitted"] == warm["requested"] and warm["failed"] == 0
+    again = cli("cache", "warm", *cache, "--json").json
+    assert again["cached"] == warm["requested"]
+    stats = cli("cache", "stats", *cache, "--json").json
+    for tier in ("ram", "ssd"):
+        assert set(stats["tiers"][tier]) >= TIER_KEYS
+    ssd = stats["tiers"]["ssd"]
+    assert 0 < ssd["bytes_used"] <= ssd["budget"] == 64 << 20
+    assert stats["tiers"]["store"]["bytes_fetched"] >= warm["bytes_fetched"] > 0
+    evicted = cli("cache", "evict", *cache, "--json").json
+    assert evicted["ssd"] == warm["requested"]
+    assert cli("cache", "stats", *cache, "--json").json["tiers"]["ssd"]["entries"] == 0
+
+
+def test_cache_serve_exposes_prometheus_metrics(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "datastore.cli", "cache", "serve", "--cache-dir", str(tmp_path / "cache"),
+         "--ssd-bytes", "64MB", "--metrics-port", "0", "--interval", "0.2", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        port = json.loads(line)["metrics_port"]
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert 'tierdata_cache_bytes_used{tier="ssd"}' in body
+        assert "tierdata_store_fetch_latency_seconds" in body
+        assert proc.poll() is None  # still serving
+    finally:
+        proc.terminate()
+        proc.wait(20)
