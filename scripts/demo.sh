@@ -12,17 +12,14 @@ echo "== working in $work" >&2
 
 python -c "from datastore.sample import write_sample_jsonl; write_sample_jsonl('corpus.jsonl', 20000, seed=0)"
 dataset init data-repo
-dataset ingest corpus.jsonl
+dataset ingest corpus.jsonl --shard-size 1MB
 dataset version -m "raw corpus" --tag raw
-if dataset dedup --help >/dev/null 2>&1; then
-  dataset dedup --method minhash --threshold 0.8
-fi
+dataset dedup --method minhash --threshold 0.8
 dataset log
 dataset show
 dataset checkout raw --to checkout-raw --format jsonl
 dataset checkout main
 dataset verify
-if [ -f "$here/examples/stream_epoch.py" ]; then
-  python "$here/examples/stream_epoch.py" --repo data-repo --cache-dir "$work/cache"
-fi
+python "$here/examples/stream_epoch.py" --repo data-repo --cache-dir "$work/cache"
+dataset cache stats --cache-dir "$work/cache"
 echo "== done: repository in $work/data-repo" >&2
