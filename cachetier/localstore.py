@@ -14,7 +14,7 @@ import fcntl
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,24 +58,21 @@ class LocalStore(Store):
             raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
 
     def put(self, key: str, data: BytesLike) -> None:
-        path = self._path(key)
-        tmp = self._temp_path(path)
-        try:
+        def write(tmp: Path) -> None:
             with open(tmp, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
-        except IsADirectoryError as e:
-            tmp.unlink(missing_ok=True)
-            raise _folder_clash(key) from e
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+
+        self._replace(key, write)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self._replace(key, lambda tmp: shutil.copyfile(path, tmp))
+
+    def _replace(self, key: str, write: Callable[[Path], object]) -> None:
+        """Write a temp file next to ``key``'s path with ``write``, then rename it into place."""
         target = self._path(key)
         tmp = self._temp_path(target)
         try:
-            shutil.copyfile(path, tmp)
+            write(tmp)
             os.replace(tmp, target)
         except IsADirectoryError as e:
             tmp.unlink(missing_ok=True)
