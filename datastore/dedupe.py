@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +30,123 @@ from versioning import ShardEntry, ShardTable
 if TYPE_CHECKING:
     from datastore.repo import Repo
 
-__all__ = ["content_column", "dedup_shards", "read_shard_column", "summary", "write_audit"]
+__all__ = [
+    "content_column",
+    "dask_client",
+    "dedup_config",
+    "dedup_shards",
+    "dedup_staged_ingests",
+    "dedup_version",
+    "read_shard_column",
+    "summary",
+    "write_audit",
+]
+
+_RESULT_KEYS = ("records", "removed_records", "exact_removed", "near_removed", "clusters", "skipped")
+
+
+def dedup_version(
+    repo: Repo,
+    ref: str | None,
+    *,
+    method: str,
+    threshold: float,
+    num_perm: int,
+    text_column: str | None,
+    scheduler: str | None,
+    client: Any,
+    message: str | None,
+) -> dict[str, Any]:
+    """Commit ``ref``'s data without its duplicates on HEAD's branch (see :meth:`Repo.dedup`)."""
+    from versioning import make_operation
+
+    head = repo.resolve()
+    info = repo.show(ref)
+    config, column = dedup_config(info.record.schema, method, threshold, num_perm, text_column)
+    with dask_client(scheduler, client) as dask:
+        entries, result = dedup_shards(
+            repo, repo.shard_table(info.version), config, column=column, client=dask
+        )
+    audit = write_audit(repo, result)
+    counts = summary(result, audit)
+    operation = make_operation(
+        "dedup", params={"ref": info.version, "column": column, **result.params}, audit=audit
+    )
+    operation["result"] = {k: counts[k] for k in _RESULT_KEYS}
+    text = message or (
+        f"dedup ({config.method}) of {info.version[:12]}: "
+        f"removed {result.removed_records} of {result.records} records"
+    )
+    version = repo.commit_table(
+        entries, schema=info.record.schema, base=head, message=text, operation=operation
+    )
+    return {**counts, "version": version.version}
+
+
+def dedup_staged_ingests(
+    repo: Repo, staged: dict[str, Any], *, method: str, threshold: float, num_perm: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Deduplicate staged ingests against themselves and the parent's records.
+
+    Returns the replacement staging dict (one merged ingest that remembers the dedup
+    parameters and audit) and the counts.
+    """
+    from datastore.repo import shard_to_dict, staged_shard_entries
+
+    first = staged["ingests"][0]
+    config, column = dedup_config(
+        first["schema"], method, threshold, num_perm, first["params"].get("text_column")
+    )
+    base = repo.shard_table(staged["base"]) if staged.get("base") else ShardTable.from_entries([])
+    table = base.concat(ShardTable.from_entries(staged_shard_entries(staged)))
+    entries, result = dedup_shards(repo, table, config, column=column, first_affected=len(base))
+    audit = write_audit(repo, result)
+    kept = entries[len(base) :]
+    counts = summary(result, audit)
+    merged = {
+        **first,
+        "shards": [shard_to_dict(e) for e in kept],
+        "records": sum(e.records for e in kept),
+        "bytes": sum(e.bytes for e in kept),
+        "sources": [src for ingest in staged["ingests"] for src in ingest["sources"]],
+        "dedup": {
+            "params": result.params,
+            "audit": audit,
+            "removed_records": counts["removed_records"],
+            "clusters": counts["clusters"],
+        },
+    }
+    return {**staged, "ingests": [merged]}, counts
+
+
+def dedup_config(
+    schema: dict[str, Any], method: str, threshold: float, num_perm: int, text_column: str | None
+) -> tuple[DedupConfig, str]:
+    """The dedup parameters and the column to compare, checked against the schema."""
+    if method not in ("exact", "minhash"):
+        raise BadInputError(f"unknown dedup method {method!r} (expected exact or minhash)", subject=method)
+    column, content = content_column(schema.get("fields", []), text_column)
+    if content == "bytes" and method == "minhash":
+        raise BadInputError(
+            "near-duplicate (minhash) dedup needs a text column; a files dataset supports --method exact",
+            subject=column,
+        )
+    return DedupConfig(method=method, content=content, threshold=threshold, num_perm=num_perm), column
+
+
+@contextmanager
+def dask_client(scheduler: str | None, client: Any) -> Iterator[Any]:
+    """Yield ``client``, or a Client connected to ``scheduler`` (closed afterwards), or None."""
+    if client is not None or scheduler is None:
+        yield client
+        return
+    from distributed import Client
+
+    from dedup import tune_worker_malloc
+
+    with Client(scheduler) as connected:
+        tune_worker_malloc(connected)  # dask's MALLOC_TRIM_THRESHOLD_ doubles the CPU per document
+        yield connected
 
 
 def content_column(schema_fields: Sequence[dict[str, Any]], text_column: str | None) -> tuple[str, str]:

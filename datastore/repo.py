@@ -17,8 +17,7 @@ import getpass
 import json
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,7 +246,7 @@ class Repo:
         entry = {
             "format": result.format,
             "schema": schema_to_dict(result.schema),
-            "shards": [_written_to_dict(s) for s in result.shards],
+            "shards": [shard_to_dict(s) for s in result.shards],
             "records": result.records,
             "bytes": sum(s.bytes for s in result.shards),
             "skipped": result.skipped,
@@ -314,11 +313,7 @@ class Repo:
                     f"tag {tag!r} already exists", subject=tag, hint="tags never move; pick another name"
                 )
         ingests = staged["ingests"]
-        shards = [
-            ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
-            for i in ingests
-            for s in i["shards"]
-        ]
+        shards = staged_shard_entries(staged)
         missing = [entry.hash for entry in shards if not self.objects.exists(entry.hash)]
         if missing:
             raise NotFoundError(
@@ -477,35 +472,20 @@ class Repo:
         ``client`` (a ``distributed.Client``) runs the detection on a dask cluster.
         Returns ``removed_records``, ``clusters``, ``version``, ``audit`` and more.
         """
-        from datastore.dedupe import dedup_shards, summary, write_audit
+        from datastore.dedupe import dedup_version
 
-        branch = self._require_branch("dedup")
-        head = self.resolve()
-        info = self.show(ref)
-        config, column = self._dedup_config(info.record.schema, method, threshold, num_perm, text_column)
-        with _dask_client(scheduler, client) as dask_client:
-            entries, result = dedup_shards(
-                self, self.shard_table(info.version), config, column=column, client=dask_client
-            )
-        audit = write_audit(self, result)
-        counts = summary(result, audit)
-        operation = make_operation(
-            "dedup",
-            params={"ref": info.version, "column": column, **result.params},
-            audit=audit,
+        self._require_branch("dedup")
+        return dedup_version(
+            self,
+            ref,
+            method=method,
+            threshold=threshold,
+            num_perm=num_perm,
+            text_column=text_column,
+            scheduler=scheduler,
+            client=client,
+            message=message,
         )
-        operation["result"] = {
-            k: counts[k]
-            for k in ("records", "removed_records", "exact_removed", "near_removed", "clusters", "skipped")
-        }
-        text = message or (
-            f"dedup ({config.method}) of {info.version[:12]}: "
-            f"removed {result.removed_records} of {result.records} records"
-        )
-        version = self.commit_table(
-            entries, schema=info.record.schema, base=head, message=text, operation=operation, branch=branch
-        )
-        return {**counts, "version": version.version}
 
     def dedup_staged(
         self, *, method: str = "minhash", threshold: float = 0.8, num_perm: int = 128
@@ -515,71 +495,18 @@ class Repo:
         The parent's records come first in version order, so they are always the ones
         kept. The staged shards are replaced; the next commit records the dedup.
         """
-        from datastore.dedupe import dedup_shards, summary, write_audit
+        from datastore.dedupe import dedup_staged_ingests
 
         staged = self.staged()
         if not staged or not staged["ingests"]:
             raise UsageError(
                 "nothing staged to deduplicate", subject="staging", hint="run `dataset ingest SRC...` first"
             )
-        schema = staged["ingests"][0]["schema"]
-        config, column = self._dedup_config(
-            schema, method, threshold, num_perm, staged["ingests"][0]["params"].get("text_column")
+        replaced, counts = dedup_staged_ingests(
+            self, staged, method=method, threshold=threshold, num_perm=num_perm
         )
-        base = self.shard_table(staged["base"]) if staged.get("base") else ShardTable.from_entries([])
-        new = [
-            ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
-            for i in staged["ingests"]
-            for s in i["shards"]
-        ]
-        table = base.concat(ShardTable.from_entries(new))
-        entries, result = dedup_shards(self, table, config, column=column, first_affected=len(base))
-        audit = write_audit(self, result)
-        kept = entries[len(base) :] if len(base) else entries
-        merged = {
-            **staged["ingests"][0],
-            "shards": [
-                {
-                    "hash": e.hash,
-                    "records": e.records,
-                    "bytes": e.bytes,
-                    "uncompressed_bytes": e.uncompressed_bytes,
-                    "chunks": list(e.chunks),
-                }
-                for e in kept
-            ],
-            "records": sum(e.records for e in kept),
-            "bytes": sum(e.bytes for e in kept),
-            "sources": [src for i in staged["ingests"] for src in i["sources"]],
-        }
-        counts = summary(result, audit)
-        merged["dedup"] = {
-            "params": result.params,
-            "audit": audit,
-            "removed_records": counts["removed_records"],
-            "clusters": counts["clusters"],
-        }
-        self._write_staged({**staged, "ingests": [merged]})
+        self._write_staged(replaced)
         return counts
-
-    @staticmethod
-    def _dedup_config(
-        schema: dict[str, Any], method: str, threshold: float, num_perm: int, text_column: str | None
-    ) -> tuple[Any, str]:
-        from datastore.dedupe import content_column
-        from dedup import DedupConfig
-
-        if method not in ("exact", "minhash"):
-            raise BadInputError(
-                f"unknown dedup method {method!r} (expected exact or minhash)", subject=method
-            )
-        column, content = content_column(schema.get("fields", []), text_column)
-        if content == "bytes" and method == "minhash":
-            raise BadInputError(
-                "near-duplicate (minhash) dedup needs a text column; a files dataset supports --method exact",
-                subject=column,
-            )
-        return DedupConfig(method=method, content=content, threshold=threshold, num_perm=num_perm), column
 
     # -- maintenance --------------------------------------------------------------------------
     def verify(self, ref: str | None = None, *, all_refs: bool = False) -> dict[str, Any]:
@@ -622,7 +549,17 @@ def schema_from_dict(data: dict[str, Any]) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["arrow"])))
 
 
-def _written_to_dict(shard: Any) -> dict[str, Any]:
+def staged_shard_entries(staged: dict[str, Any]) -> list[ShardEntry]:
+    """The shards of every staged ingest, in order, as shard-table entries."""
+    return [
+        ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
+        for ingest in staged["ingests"]
+        for s in ingest["shards"]
+    ]
+
+
+def shard_to_dict(shard: Any) -> dict[str, Any]:
+    """The staging form of a written shard or shard-table entry."""
     return {
         "hash": shard.hash,
         "records": shard.records,
@@ -676,20 +613,6 @@ def _read_repo_json(store: Store) -> str:
             hint="upgrade tierdata",
         )
     return str(algorithm)
-
-
-@contextmanager
-def _dask_client(scheduler: str | None, client: Any) -> Iterator[Any]:
-    if client is not None or scheduler is None:
-        yield client
-        return
-    from distributed import Client
-
-    from dedup import tune_worker_malloc
-
-    with Client(scheduler) as connected:
-        tune_worker_malloc(connected)  # dask's MALLOC_TRIM_THRESHOLD_ doubles the CPU per document
-        yield connected
 
 
 def _default_author() -> str:
