@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from cachetier._proc import process_alive
+
 if TYPE_CHECKING:
     from cachetier.lmdbtier import SharedEnv
 
@@ -279,7 +281,7 @@ class HintBoard:
                 pid, created = _PLAN.unpack(bytes(value[: _PLAN.size]))
                 pos_raw = txn.get(_POS_PREFIX + rid, db=db)
                 position, updated = _POS.unpack(bytes(pos_raw)) if pos_raw is not None else (0, created)
-                if not _alive(pid) or now - updated > self.ttl:
+                if not process_alive(pid) or now - updated > self.ttl:
                     stale.append(rid)
                 elif reader not in local:
                     known = self._remote_created.get(reader) == created
@@ -287,16 +289,6 @@ class HintBoard:
                     plans[reader] = (created, keys, position)
                 found = cursor.next()
         return plans, stale
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Prefetcher:

@@ -41,6 +41,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from cachetier._frame import HEADER_SIZE, frame_header, open_frame
+from cachetier._proc import process_alive
 from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
 from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
@@ -306,15 +307,7 @@ def _owner_alive(temp_name: str) -> bool:
         pid = int(temp_name[len(_TEMP) :].split(".")[0])
     except ValueError:
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or process_alive(pid)
 
 
 def _unavailable(err: OSError, path: Path) -> StoreUnavailableError:

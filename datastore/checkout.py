@@ -20,6 +20,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +94,20 @@ def _write_parts(repo: Repo, info: VersionInfo, target: Path, fmt: str) -> dict[
     return {"files": len(futures), "records": records, "bytes": written}
 
 
-def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
+@contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success rename it over ``path``, else remove it."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
+    with _replacing(path) as tmp:
         if fmt == "parquet":
             pq.write_table(table, tmp, compression="zstd")
         elif fmt == "csv":
@@ -108,10 +120,6 @@ def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
                 for row in table.to_pylist():
                     f.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return path.stat().st_size
 
 
@@ -228,12 +236,5 @@ def _write_inline_batch(items: list[tuple[str, memoryview]]) -> int:
 
 
 def _write_chunked(repo: Repo, path: Path, chunk_ids: list[str], size: int) -> int:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            n = read_chunks_to(repo.objects, chunk_ids, f, expected_size=size, subject=str(path))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return n
+    with _replacing(path) as tmp, open(tmp, "wb") as f:
+        return read_chunks_to(repo.objects, chunk_ids, f, expected_size=size, subject=str(path))

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachetier._proc import process_alive
+
 if TYPE_CHECKING:
     from cachetier.s3store import S3Options, S3Store
 
@@ -331,21 +333,11 @@ def _sweep_orphans() -> None:
             if time.time() - folder.stat().st_mtime > 600:  # a launch that never got going
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        if _alive(int(state["pid"])):
+        if process_alive(int(state["pid"])):
             continue
         for leftover in state.get("leftovers", []):
             Path(leftover).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _free_ports(count: int, low: int = 20000, high: int = 45000) -> list[int]:
