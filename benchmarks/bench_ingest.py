@@ -40,7 +40,12 @@ DVC = str(ROOT / ".bench-venv-dvc" / "bin" / "dvc")
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
-    """Run a command; return its wall time; raise with its stderr on failure."""
+    """Run a command; return its wall time; raise with its stderr on failure.
+
+    Dirty pages of the previous step are flushed first (for both tools alike), so one
+    step's writeback does not land in the next step's time.
+    """
+    os.sync()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -90,14 +95,15 @@ def repo_bytes(path: Path) -> int:
     return dir_bytes(path / "objects") if (path / "objects").exists() else dir_bytes(path)
 
 
-def bench_tierdata(work: Path, small: Path, big: Path, s3: Any) -> dict[str, Any]:
+def bench_tierdata(work: Path, small: Path, big: Path, s3: Any, shard_args: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     proj = work / "td"
     proj.mkdir()
     repo = work / "td-repo"
     run([*DATASET, "init", str(repo)], proj)
-    t = run([*DATASET, "ingest", str(small)], proj) + run([*DATASET, "version", "-m", "small"], proj)
-    out["add"] = t
+    out["add"] = run([*DATASET, "ingest", str(small), *shard_args], proj) + run(
+        [*DATASET, "version", "-m", "small"], proj
+    )
     out["add_repo_bytes"] = repo_bytes(repo)
     target = work / "td-out"
     out["checkout"] = run([*DATASET, "checkout", "main", "--to", str(target)], proj)
@@ -105,7 +111,7 @@ def bench_tierdata(work: Path, small: Path, big: Path, s3: Any) -> dict[str, Any
     for label, spread in (("readd", False), ("readd_spread", True)):
         before = repo_bytes(repo)
         edit_files(small, 0.01, seed=7 if spread else 8, spread=spread)
-        out[f"{label}_ingest"] = run([*DATASET, "ingest", str(small)], proj)
+        out[f"{label}_ingest"] = run([*DATASET, "ingest", str(small), *shard_args], proj)
         out[label] = out[f"{label}_ingest"] + run([*DATASET, "version", "-m", label, "--replace"], proj)
         out[f"{label}_new_bytes"] = repo_bytes(repo) - before
     before = repo_bytes(repo)
@@ -125,7 +131,7 @@ def bench_tierdata(work: Path, small: Path, big: Path, s3: Any) -> dict[str, Any
         url = s3.unique_url()
         env = s3.env()
         run([*DATASET, "init", url], proj_s3, env)
-        out["push"] = run([*DATASET, "ingest", str(small)], proj_s3, env) + run(
+        out["push"] = run([*DATASET, "ingest", str(small), *shard_args], proj_s3, env) + run(
             [*DATASET, "version", "-m", "s"], proj_s3, env
         )
         fresh = work / "td-s3-fresh"
@@ -190,6 +196,7 @@ def main() -> None:
     parser.add_argument("--big-mib", type=int, default=1024)
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--no-dvc", action="store_true")
+    parser.add_argument("--shard-size", help="tierdata's --shard-size for the small files (default: its own)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ingest.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -211,8 +218,11 @@ def main() -> None:
                     make_small_files(small, args.files, seed=i)
                     make_big_file(big, args.big_mib << 20, seed=i)
                     subprocess.run(["sync"], check=False)
-                    fn = bench_tierdata if tool == "tierdata" else bench_dvc
-                    result = fn(work, small, big, s3)
+                    if tool == "tierdata":
+                        shard_args = ["--shard-size", args.shard_size] if args.shard_size else []
+                        result = bench_tierdata(work, small, big, s3, shard_args)
+                    else:
+                        result = bench_dvc(work, small, big, s3)
                     runs[tool].append(result)
                     print(json.dumps({"run": i, "tool": tool, **result}), file=sys.stderr)
     finally:

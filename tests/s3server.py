@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["S3Endpoint", "S3Server", "find_weed", "start_s3_server"]
 
 START_TIMEOUT_S = 60.0
+_AUTH_ERRORS = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 STOP_TIMEOUT_S = 2.0  # weed's filer waits 15 s for its gRPC streams; the data is throwaway
 TEST_BUCKET = "tierdata-tests"
 WORKDIR_PREFIX = "tierdata-s3server-"
@@ -391,6 +392,10 @@ def _wait_ready(server: S3Server, timeout: float) -> None:
             resp.release_conn()
             if body == b"ok":
                 return
+        except S3Error as e:
+            if e.code in _AUTH_ERRORS:  # waiting cannot fix wrong keys
+                raise RuntimeError(f"S3 server at {server.endpoint.url} refused the keys: {e.code}") from e
+            last = e
         except Exception as e:  # not up yet: connection refused, 503, missing volumes...
             last = e
         time.sleep(0.2)
