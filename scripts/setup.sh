@@ -10,4 +10,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >&2
 python -m pip install -q "torch==2.13.*" >&2
-python -m pip install -q -e ".[dev]" >&2
+# The constraint keeps that torch while the dev extras (torchdata, lightning) resolve.
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+echo "torch==2.13.*" > "$constraints"
+python -m pip install -q -c "$constraints" -e ".[dev]" >&2
