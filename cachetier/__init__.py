@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cachetier.config import CacheConfig, load_cache_config, parse_size
+    from cachetier.daemon import serve
     from cachetier.errors import (
         BadInputError,
         ConflictError,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from cachetier.policy import PlacementPolicy, available_policies, get_policy, register_policy
     from cachetier.registry import open_store
     from cachetier.store import ObjectInfo, Store, Versioned
-    from cachetier.tiered import TieredStore, serve
+    from cachetier.tiered import TieredStore
 
 _HOME = {
     "CacheConfig": "cachetier.config",
@@ -52,7 +53,7 @@ _HOME = {
     "Store": "cachetier.store",
     "Versioned": "cachetier.store",
     "TieredStore": "cachetier.tiered",
-    "serve": "cachetier.tiered",
+    "serve": "cachetier.daemon",
 }
 
 __all__ = [

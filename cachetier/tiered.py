@@ -23,31 +23,24 @@ Every value from a cache tier is checked (the frame's XXH3 checksum, see
 dropped, counted as ``corrupt``, and the read falls through to the next tier.
 
 Faults never break reads: a tier whose folder cannot be opened or written (permission,
-full disk) is skipped and retried after ``_RETRY_TIER_AFTER`` seconds, so reads go
+full disk) is skipped and retried after a while (:mod:`cachetier.health`), so reads go
 through to the object store; an object store that cannot be reached is retried with
 backoff, then :class:`~cachetier.errors.StoreUnavailableError` is raised for that object
 only, while cached objects keep being served.
 
-Statistics, plan positions and counters are published to the node's LMDB environment
-in one commit every ``_FLUSH_EVERY`` reads or ``_FLUSH_INTERVAL`` seconds, from a
-short-lived thread so that no read waits for the fsync, and when the process exits, so
-:meth:`stats` in any process (``dataset cache stats``) reports node-wide counters.
+Statistics, plan positions and counters are published to the node by
+:mod:`cachetier.publish`, so :meth:`TieredStore.stats` in any process
+(``dataset cache stats``) reports node-wide counters.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing.util
 import os
-import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import lmdb
 
 from cachetier.config import CacheConfig
 from cachetier.errors import (
@@ -57,24 +50,21 @@ from cachetier.errors import (
     UsageError,
 )
 from cachetier.hashing import BytesLike, content_hash
+from cachetier.health import TIER_ERRORS, TierHealth
 from cachetier.hints import HintBoard, Prefetcher
 from cachetier.lmdbtier import Chooser, LmdbTier, SharedEnv
-from cachetier.metrics import CacheCounters, FetchCounters, TierCounters, serve_metrics
+from cachetier.metrics import CacheCounters, FetchCounters, TierCounters
 from cachetier.objects import ObjectStore
 from cachetier.policy import Candidate, PlacementPolicy, get_policy
+from cachetier.publish import CounterPublisher
 from cachetier.ramtier import RamTier
 from cachetier.stats import AccessStats, MemoryStats, SharedStats
 
-__all__ = ["TieredStore", "decoded_key", "serve"]
+__all__ = ["TieredStore", "decoded_key"]
 
-_FLUSH_EVERY = 64
-_FLUSH_INTERVAL = 1.0
-_RETRY_TIER_AFTER = 30.0
 # An SSD hit that RAM refused is not offered to RAM again for this many reads of this
 # process: a refused offer costs a scan of RAM's residents (~0.5 ms, as much as the hit).
 _RECONSIDER_AFTER = 128
-_COUNTERS_KEY = b"counters"
-_TIER_ERRORS = (StoreUnavailableError, OSError, lmdb.Error)
 _CORRUPT = object()
 
 Decoder = Callable[[memoryview], BytesLike]
@@ -135,19 +125,23 @@ class TieredStore:
             ssd=self.ssd.counters if self.ssd else TierCounters(),
             store=FetchCounters(),
         )
-        self._published = CacheCounters()
         self._pid = os.getpid()
-        self._down: dict[str, tuple[str, float]] = {}
-        self._no_writes: dict[str, tuple[str, float]] = {}
+        openers = {}
+        if self.ram is not None:
+            openers["ram"] = self.ram.open
+        if self._env is not None:
+            openers["ssd"] = self._env.open
+        self.health = TierHealth(openers, self._count_error)
+        self.publisher = CounterPublisher(
+            self._env,
+            snapshot=self._snapshot,
+            write_buffered=self._write_buffered,
+            usable=lambda: self._shared_stats is not None and self._usable("ssd"),
+            on_error=lambda: self._count_error("ssd"),
+        )
         self._prefetch_decode: tuple[Decoder, str] | None = None
-        self._reads_since_flush = 0
-        self._last_flush = time.monotonic()
-        self._flush_lock = threading.Lock()
-        self._flush_due = threading.Event()
-        self._flusher_pid = -1
         self._refused: dict[tuple[str, str], int] = {}
         self._closed = False
-        _flush_at_exit(self)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -229,9 +223,7 @@ class TieredStore:
         self._stats().record(oid)
         if self.prefetcher is not None:
             self.prefetcher.schedule(self.hints.upcoming(self.config.prefetch_depth))
-        self._reads_since_flush += 1
-        if self._reads_since_flush >= _FLUSH_EVERY or time.monotonic() - self._last_flush >= _FLUSH_INTERVAL:
-            self._flush_soon()
+        self.publisher.count_read()
 
     def _from_ram(self, key: str, *, count: bool = True) -> memoryview | None:
         if self.ram is None or not self._usable("ram"):
@@ -239,7 +231,7 @@ class TieredStore:
         try:
             view = self.ram.view(key)
         except OSError as e:
-            self._mark(self._down, "ram", e)
+            self.health.mark_down("ram", e)
             return None
         if view is not None and not self._id_matches(key, view):
             self.ram.evict([key])
@@ -265,12 +257,12 @@ class TieredStore:
                 result = self.ssd.read(
                     oid, lambda view: use(view) if self._id_matches(oid, view) else _CORRUPT
                 )
-        except _TIER_ERRORS as e:
-            self._mark(self._down, "ssd", e)
+        except TIER_ERRORS as e:
+            self.health.mark_down("ssd", e)
             return None
         if result is _CORRUPT:
             self.ssd.counters.corrupt += 1
-            self._guarded("ssd", self.ssd.evict, [oid])
+            self.health.guarded("ssd", self.ssd.evict, [oid])
             result = None
         if result is None:
             self.counters.ssd.misses += 1
@@ -328,7 +320,7 @@ class TieredStore:
         tried again for ``_RECONSIDER_AFTER`` reads: each try scans RAM's residents.
         """
         target = self.ram if tier == "ram" else self.ssd
-        if target is None or not self._usable(tier) or tier in self._no_writes:
+        if target is None or not self._usable(tier) or not self.health.writable(tier):
             return False
         refused_at = self._refused.get((tier, key))
         if promotion and refused_at is not None and self.counters.reads - refused_at < _RECONSIDER_AFTER:
@@ -337,8 +329,8 @@ class TieredStore:
         demoted: list[tuple[str, memoryview]] = []
         try:
             admitted = target.admit(key, data, self._chooser(key, skip=skip, demoted=demoted))
-        except _TIER_ERRORS as e:
-            self._mark(self._no_writes, tier, e)
+        except TIER_ERRORS as e:
+            self.health.mark_read_only(tier, e)
             admitted = False
         if promotion and not admitted:
             if len(self._refused) >= 1 << 16:
@@ -464,7 +456,7 @@ class TieredStore:
             else:
                 wanted = set(oids)
                 keys = [r.key for r in target.residents() if _base(r.key) in wanted]
-            removed[name] = self._guarded(name, target.evict, keys) or 0
+            removed[name] = self.health.guarded(name, target.evict, keys) or 0
         return removed
 
     def rebalance(self) -> dict[str, Any]:
@@ -474,11 +466,10 @@ class TieredStore:
         retries tiers marked broken, and evicts (least useful first) where a tier holds
         more than its budget (after the budget was lowered).
         """
-        self._down.clear()
-        self._no_writes.clear()
+        self.health.reset()
         self.flush()
         if self._env is not None and self._usable("ssd"):
-            self._guarded("ssd", lambda: self._env.open().reader_check())
+            self.health.guarded("ssd", lambda: self._env.open().reader_check())
         self.hints.refresh(force=True)
         shrunk = {name: self._shrink(name) for name in ("ram", "ssd")}
         return {"evicted_over_budget": shrunk, "degraded": self.degraded()}
@@ -513,41 +504,16 @@ class TieredStore:
                 break
             victims.append(c.key)
             over -= c.size
-        return self._guarded(tier, target.evict, victims) or 0
+        return self.health.guarded(tier, target.evict, victims) or 0
 
     def flush(self) -> None:
         """Publish buffered statistics, plan positions and counters to the node, in one commit."""
-        with self._flush_lock:
-            self._reads_since_flush = 0
-            self._last_flush = time.monotonic()
-            if self._closed or self._env is None or self._shared_stats is None or not self._usable("ssd"):
-                return
-            snapshot = self._snapshot()
-            delta = snapshot - self._published
-            if delta == CacheCounters():
-                return  # no read since the last flush: nothing buffered either
-            try:
-                with self._env.write() as txn:
-                    self._shared_stats.flush(txn)
-                    self.hints.flush(txn)
-                    meta = self._env.db("meta")
-                    raw = txn.get(_COUNTERS_KEY, db=meta)
-                    total = CacheCounters.from_dict(json.loads(raw)) if raw else CacheCounters()
-                    txn.put(_COUNTERS_KEY, json.dumps((total + delta).to_dict()).encode(), db=meta)
-                self._published = snapshot
-            except _TIER_ERRORS:
-                self.counters.ssd.errors += 1
+        self.publisher.flush()
 
-    def _flush_soon(self) -> None:
-        """Wake this process's flusher thread, so a read never waits for the commit's fsync."""
-        if self._flusher_pid != os.getpid():
-            self._flusher_pid = os.getpid()
-            self._flush_due = threading.Event()
-            ref = weakref.ref(self)
-            threading.Thread(
-                target=_flusher, args=(ref, self._flush_due), name="tierdata-flush", daemon=True
-            ).start()
-        self._flush_due.set()
+    def _write_buffered(self, txn: object) -> None:
+        if self._shared_stats is not None:
+            self._shared_stats.flush(txn)
+        self.hints.flush(txn)
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -557,23 +523,15 @@ class TieredStore:
         With a usable LMDB environment the counters are node-wide (every process's
         published counts plus this process's unpublished ones), else this process's.
         """
-        counters, scope = self._snapshot(), "process"
-        if self._env is not None and self._usable("ssd"):
-            try:
-                with self._env.read() as txn:
-                    raw = txn.get(_COUNTERS_KEY, db=self._env.db("meta"))
-                if raw:
-                    counters = CacheCounters.from_dict(json.loads(bytes(raw))) + (counters - self._published)
-                scope = "node"
-            except _TIER_ERRORS:
-                pass
+        node = self.publisher.node_counters()
+        counters, scope = (self._snapshot(), "process") if node is None else (node, "node")
         served = counters.ram.hits + counters.ssd.hits
         tiers: dict[str, Any] = {}
         for name, target, tier_counters in (("ram", self.ram, counters.ram), ("ssd", self.ssd, counters.ssd)):
             entry: dict[str, Any] = {"enabled": target is not None, "path": target.url if target else None}
             entry.update({"bytes_used": 0, "budget": 0, "entries": 0})
             if target is not None and self._usable(name):
-                usage = self._guarded(name, target.usage)
+                usage = self.health.guarded(name, target.usage)
                 entry.update(usage or {})
             entry.update(tier_counters.to_dict())
             tiers[name] = entry
@@ -594,11 +552,7 @@ class TieredStore:
 
     def degraded(self) -> dict[str, str]:
         """Tiers currently skipped (or read-only), with the reason."""
-        out = {name: f"unusable: {why}" for name, (why, _) in self._down.items()}
-        out.update(
-            {name: f"not writable: {why}" for name, (why, _) in self._no_writes.items() if name not in out}
-        )
-        return out
+        return self.health.degraded()
 
     def _snapshot(self) -> CacheCounters:
         return self.counters + CacheCounters()
@@ -611,43 +565,15 @@ class TieredStore:
         return self._memory_stats
 
     def _usable(self, tier: str) -> bool:
-        if (tier == "ram" and self.ram is None) or (tier == "ssd" and self._env is None):
-            return False
-        down = self._down.get(tier)
-        if down is not None:
-            if time.monotonic() - down[1] < _RETRY_TIER_AFTER:
-                return False
-            del self._down[tier]
-        try:
-            if tier == "ram":
-                self.ram.open()
-            else:
-                self._env.open()
-        except _TIER_ERRORS as e:
-            self._mark(self._down, tier, e)
-            return False
-        no_writes = self._no_writes.get(tier)
-        if no_writes is not None and time.monotonic() - no_writes[1] >= _RETRY_TIER_AFTER:
-            del self._no_writes[tier]
-        return True
+        return self.health.usable(tier)
 
-    def _mark(self, table: dict[str, tuple[str, float]], tier: str, err: BaseException) -> None:
-        table[tier] = (str(err), time.monotonic())
+    def _count_error(self, tier: str) -> None:
         (self.counters.ram if tier == "ram" else self.counters.ssd).errors += 1
-
-    def _guarded(self, tier: str, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except _TIER_ERRORS as e:
-            self._mark(self._no_writes, tier, e)
-            return None
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's unpublished counts are the parent's to publish."""
         self._pid = os.getpid()
-        self._published = self._snapshot()
-        self._flush_lock = threading.Lock()
-        _flush_at_exit(self)
+        self.publisher.after_fork()
 
     def close(self) -> None:
         """Publish what is buffered, withdraw this process's plans, stop prefetching."""
@@ -655,10 +581,9 @@ class TieredStore:
             return
         if self.prefetcher is not None:
             self.prefetcher.close()
-        self.flush()
+        self.publisher.close()
         self.hints.close()
-        with self._flush_lock:
-            self._closed = True
+        self._closed = True
         if self._env is not None:
             self._env.close()
 
@@ -674,37 +599,6 @@ class TieredStore:
         )
 
 
-def _flusher(ref: weakref.ref[TieredStore], due: threading.Event) -> None:
-    """Flush the store whenever ``due`` is set; end when the store is gone or closed."""
-    while True:
-        due.wait(_FLUSH_INTERVAL * 5)
-        due.clear()
-        store = ref()
-        if store is None or store._closed:
-            return
-        store.flush()
-        del store
-
-
-def _flush_at_exit(store: TieredStore) -> None:
-    """Publish ``store``'s counts when this process exits, DataLoader workers included.
-
-    multiprocessing runs these finalizers in the children it starts (which end with
-    ``os._exit``, skipping ``atexit``) and, through ``atexit``, in the main process.
-    """
-    ref = weakref.ref(store)
-
-    def flush() -> None:
-        alive = ref()
-        if alive is not None and alive._pid == os.getpid():
-            try:
-                alive.flush()
-            except Exception:  # the process is exiting: counts are advisory
-                pass
-
-    multiprocessing.util.Finalize(store, flush, exitpriority=10)
-
-
 def _nbytes(value: Any) -> int:
     try:
         return memoryview(value).nbytes
@@ -716,30 +610,3 @@ def _make_policy(policy: str | PlacementPolicy, config: CacheConfig) -> Placemen
     if policy == "freq-hint":
         return get_policy(policy, protect=float(config.prefetch_depth))
     return get_policy(policy)
-
-
-def serve(
-    config: CacheConfig,
-    *,
-    metrics_port: int,
-    objects: ObjectStore | None = None,
-    interval: float = 5.0,
-    host: str = "127.0.0.1",
-    stop: threading.Event | None = None,
-    on_ready: Callable[[int], None] | None = None,
-) -> None:
-    """Rebalance the node cache every ``interval`` seconds and serve ``/metrics``; block until ``stop``.
-
-    ``metrics_port=0`` picks a free port; ``on_ready(port)`` is called once serving.
-    Prometheus text shows the same figures as :meth:`TieredStore.stats`.
-    """
-    stop = stop or threading.Event()
-    with TieredStore(objects, config) as store:
-        server = serve_metrics(store.stats, metrics_port, host=host)
-        try:
-            if on_ready is not None:
-                on_ready(server.port)
-            while not stop.wait(interval):
-                store.rebalance()
-        finally:
-            server.close()

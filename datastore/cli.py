@@ -437,7 +437,8 @@ def _cache_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_cache(args: argparse.Namespace) -> None:
-    from cachetier.tiered import TieredStore, serve
+    from cachetier.daemon import serve
+    from cachetier.tiered import TieredStore
 
     config = _cache_config(args)
     if args.action == "serve":

@@ -7,9 +7,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from cachetier.daemon import serve
 from cachetier.metrics import CacheCounters, FetchCounters, TierCounters, render_prometheus
 from cachetier.objects import ObjectStore
-from cachetier.tiered import TieredStore, serve
+from cachetier.tiered import TieredStore
 
 
 def test_counters_add_subtract_and_round_trip() -> None:
