@@ -5,6 +5,9 @@ all release the GIL, so encoding and uploading in worker threads runs on the oth
 cores while the main thread reads and hashes records. Work in flight is bounded in bytes
 (:class:`Uploader` blocks the producer), so memory stays bounded for any input size.
 Only content-addressed objects are written; what they mean is decided by the caller.
+Objects below :data:`~cachetier.packs.PACK_MEMBER_LIMIT` (shards of a files dataset,
+small chunks) are collected into packs of about 16 MiB, so small shards keep edits cheap
+without one store request per shard; larger objects are stored standalone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cachetier.objects import ObjectStore, object_key
+from cachetier.packs import PACK_MEMBER_LIMIT
 from datastore.ingestindex import IngestIndex
 from datastore.shards import PendingShard, ShardInfo, ShardOptions, encode_shard
 
@@ -25,10 +29,18 @@ T = TypeVar("T")
 
 
 class Uploader:
-    """Run store jobs on ``workers`` threads with at most ``budget`` bytes of work in flight."""
+    """Run store jobs on ``workers`` threads with at most ``budget`` bytes of work in flight.
 
-    def __init__(self, objects: ObjectStore, *, workers: int, budget: int):
+    Objects smaller than ``pack_below`` bytes go into packs (0: never); the open pack is
+    written by :meth:`close` and dropped unwritten when the ingest is cancelled or failed.
+    """
+
+    def __init__(
+        self, objects: ObjectStore, *, workers: int, budget: int, pack_below: int = PACK_MEMBER_LIMIT
+    ):
         self.objects = objects
+        self._pack_below = pack_below
+        self._packer = objects.pack_writer()
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="tierdata-ingest")
         self._budget = budget
         self._inflight = 0
@@ -67,10 +79,19 @@ class Uploader:
             self._raise_failure()
 
     def put(self, oid: str, data: bytes) -> bool:
-        """Store an object unless it exists; True when it was new. Safe in any thread."""
-        if self.objects.touch_if_exists(oid):
+        """Store an object unless it exists; True when it was new. Safe in any thread.
+
+        A small object is new once it is in the open pack; it is stored when the pack is.
+        Small objects are looked up among packs only (see
+        :meth:`~cachetier.objects.ObjectStore.touch_if_packed`).
+        """
+        if len(data) < self._pack_below:
+            if self.objects.touch_if_packed(oid) or not self._packer.add(oid, data):
+                return False  # packed already, or queued by this ingest
+        elif self.objects.touch_if_exists(oid):
             return False
-        self.objects.store.put(object_key(oid), data)
+        else:
+            self.objects.store.put(object_key(oid), data)
         with self._lock:
             self.new_objects += 1
             self.new_bytes += len(data)
@@ -80,9 +101,22 @@ class Uploader:
         with self._lock:
             self.reused_shards += 1
 
+    @property
+    def packs_written(self) -> int:
+        """How many packs this uploader has stored so far."""
+        return self._packer.packs_written
+
     def close(self, *, cancel: bool = False) -> None:
-        """Wait for running jobs; with ``cancel``, drop the queued ones."""
+        """Wait for running jobs and store the open pack; with ``cancel``, drop both.
+
+        After a failed job the open pack is dropped too: the ingest fails, and a pack
+        is only ever stored whole (data, then index), so nothing looks complete that is not.
+        """
         self._pool.shutdown(wait=True, cancel_futures=cancel)
+        if cancel or self._failure is not None:
+            self._packer.abort()
+        else:
+            self._packer.flush()
 
     def __enter__(self) -> Uploader:
         return self

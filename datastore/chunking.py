@@ -2,8 +2,9 @@
 
 A ``files`` record whose data is at least ``ChunkOptions.threshold`` bytes does not hold
 the bytes inline: they are cut by FastCDC (the ``fastcdc`` library's Cython backend;
-1 MiB average, 256 KiB min, 4 MiB max) and each chunk is stored as one object, the
-record listing the chunk ids. An edit inside a big file changes the chunks it touches
+1 MiB average, 256 KiB min, 4 MiB max) and each chunk is stored as one object (one
+under 1 MiB as a member of a pack, see :mod:`cachetier.packs`), the record listing the
+chunk ids. An edit inside a big file changes the chunks it touches
 (and at most a neighbour while the cut points resynchronise), so a 1 MiB edit in a 1 GB
 file stores a few MiB.
 

@@ -5,7 +5,9 @@ big-file chunks, audit object), checks each against its id and names each one th
 is missing or corrupt, without stopping at the first. ``gc`` deletes objects and
 version records that no branch or tag reaches and that are older than a grace period,
 so it never removes what a running ingest or commit is about to reference; objects
-staged in this workspace are kept whatever their age.
+staged in this workspace are kept whatever their age. Packs are transparent to
+``verify`` (a packed object is read and checked by its own id; a missing pack makes
+each of its members missing) and removed whole by ``gc`` once no member is reachable.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cachetier.errors import IntegrityError, NotFoundError, TierdataError
-from versioning import load_shard_table, load_version, reachable, unreachable
+from versioning import UnreachableItem, load_shard_table, load_version, reachable, unreachable
 
 if TYPE_CHECKING:
     from datastore.repo import Repo
@@ -83,15 +85,31 @@ def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:
 
 
 def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
-    """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``."""
+    """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``.
+
+    Each item is ``{"kind" (object | version | pack), "id", "key", "size"}``; a pack also
+    lists its ``members`` (object ids) and counts as one item.
+    """
     items = unreachable(repo.store, repo.objects, grace_seconds, keep=repo.staged_object_ids())
     if not dry_run:
+
+        def delete(item: UnreachableItem) -> None:
+            for key in item.keys:  # a pack's index before its data
+                repo.store.delete(key)
+
         with ThreadPoolExecutor(repo.objects.max_workers) as pool:
-            list(pool.map(lambda item: repo.store.delete(item.key), items))
+            list(pool.map(delete, items))
     return {
         "dry_run": dry_run,
         "removed": len(items),
         "bytes": sum(item.size for item in items),
         "grace_seconds": grace_seconds,
-        "items": [{"kind": i.kind, "id": i.oid, "key": i.key, "size": i.size} for i in items],
+        "items": [_item(i) for i in items],
     }
+
+
+def _item(item: UnreachableItem) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": item.kind, "id": item.oid, "key": item.key, "size": item.size}
+    if item.kind == "pack":
+        out["members"] = list(item.members)
+    return out

@@ -12,18 +12,26 @@ a commit writes objects before it writes the ref that makes them reachable, so i
 finish within the grace period (choose it longer than your longest ingest). Objects
 and refs are listed before the walk, so anything committed before the walk starts is
 seen as reachable.
+
+Packs (``packs/<id>.pack`` + ``.idx``, see :mod:`cachetier.packs`) are kept whole while
+any member is reachable, and deleted whole (index first) once none is and the pack is
+older than the grace period; a pack's age is that of its newer key (reusing a member
+touches the index). A pack without an index (a crash between the two writes) is garbage
+once old enough. A mostly dead pack is kept whole: nothing is repacked.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from cachetier.errors import BadInputError
+from cachetier.errors import BadInputError, NotFoundError
 from cachetier.hashing import is_object_id
 from cachetier.objects import ObjectStore, object_key
+from cachetier.packs import StoredPack, index_key, index_oids, list_packs, pack_key, read_index
 from cachetier.store import Store
 from versioning.history import VERSIONS_PREFIX, load_version, version_key
 from versioning.refs import RefStore
@@ -42,13 +50,25 @@ class Reachable:
 
 @dataclass(frozen=True, slots=True)
 class UnreachableItem:
-    """A stored version record or object that nothing references, old enough to delete."""
+    """A stored version record, object or pack that nothing references, old enough to delete.
 
-    kind: Literal["object", "version"]
+    For a pack, ``oid`` is the pack id, ``key`` its data key, ``index_key`` its index key
+    (delete the index first, so a pack is never left with an index and no data) and
+    ``members`` the object ids it holds; ``size`` counts both keys.
+    """
+
+    kind: Literal["object", "version", "pack"]
     oid: str
     key: str
     size: int
     mtime: float
+    index_key: str | None = None
+    members: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The store keys to delete, in order."""
+        return (self.key,) if self.index_key is None else (self.index_key, self.key)
 
 
 def reachable(store: Store, objects: ObjectStore, *, keep: Iterable[str] = ()) -> Reachable:
@@ -91,7 +111,7 @@ def unreachable(
     *,
     keep: Iterable[str] = (),
 ) -> list[UnreachableItem]:
-    """List unreachable objects and version records last modified more than ``grace_seconds`` ago.
+    """List unreachable objects, packs and version records last modified more than ``grace_seconds`` ago.
 
     ``now`` is the current epoch time (default: ``time.time()``); ``keep`` names extra
     object ids to treat as reachable (e.g. staged shards of a workspace). Sorted by key.
@@ -102,6 +122,7 @@ def unreachable(
     cutoff = now - grace_seconds
     # List first, walk second: anything committed before the walk begins is then seen as live.
     stored_objects = [(oid, info) for oid, info in objects.list() if info.mtime < cutoff]
+    stored_packs = [p for p in list_packs(store) if p.mtime < cutoff]
     stored_versions = [
         (info.key[len(VERSIONS_PREFIX) :], info)
         for info in store.list(VERSIONS_PREFIX)
@@ -118,4 +139,34 @@ def unreachable(
         for vid, info in stored_versions
         if vid not in live.versions
     ]
+    garbage += _dead_packs(store, stored_packs, live.objects, objects.max_workers)
     return sorted(garbage, key=lambda item: item.key)
+
+
+def _dead_packs(
+    store: Store, packs: list[StoredPack], live: frozenset[str], workers: int
+) -> list[UnreachableItem]:
+    """The packs none of whose members is live. An unreadable index raises (fail closed)."""
+
+    def judge(pack: StoredPack) -> UnreachableItem | None:
+        members: tuple[str, ...] = ()
+        if pack.index is not None:
+            try:
+                members = tuple(index_oids(read_index(store, pack.packid)))
+            except NotFoundError:
+                return None  # removed since the listing
+            if any(m in live for m in members):
+                return None
+        key = pack_key(pack.packid)
+        return UnreachableItem(
+            "pack",
+            pack.packid,
+            key,
+            pack.size,
+            pack.mtime,
+            index_key=index_key(pack.packid) if pack.index is not None else None,
+            members=members,
+        )
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return [item for item in pool.map(judge, packs) if item is not None]

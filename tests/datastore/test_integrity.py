@@ -6,33 +6,45 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cachetier.objects import object_key
+from cachetier.packs import index_key, pack_key
 from datastore.repo import Repo
 from datastore.sample import write_sample_jsonl
 
 
 def test_verify_and_checkout_detect_corruption(cli, local_url: str, tmp_path: Path) -> None:
+    # Two ingests, two versions: the small shards of each ingest share one pack.
     src = tmp_path / "d.jsonl"
     write_sample_jsonl(src, 20000, seed=4)
+    more = tmp_path / "e.jsonl"
+    write_sample_jsonl(more, 5000, seed=5)
     assert cli("init", local_url).code == 0
     cli("ingest", src, "--shard-size", "256KB")
     assert cli("version", "-m", "v").code == 0
+    first = set(Repo.open(workspace=cli.project).shard_table().hashes())
+    cli("ingest", more, "--shard-size", "256KB")
+    assert cli("version", "-m", "w").code == 0
     assert cli("verify", "--json").json["ok"]
     repo = Repo.open(workspace=cli.project)
     shards = repo.shard_table().hashes()
-    assert len(shards) >= 3
-    corrupt, missing = shards[1], shards[2]
-    path = Path(local_url) / object_key(corrupt)
+    second = [h for h in shards if h not in first]
+    assert len(first) >= 3 and second
+    corrupt = shards[1]
+    where = repo.objects.packs.locate(corrupt)
+    gone = repo.objects.packs.locate(second[0])
+    assert where is not None and gone is not None and where.packid != gone.packid
+    path = Path(local_url) / pack_key(where.packid)
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[where.offset + where.length // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    (Path(local_url) / object_key(missing)).unlink()
+    (Path(local_url) / pack_key(gone.packid)).unlink()
+    (Path(local_url) / index_key(gone.packid)).unlink()
+    missing = [h for h in shards if (m := repo.objects.packs.locate(h)) and m.packid == gone.packid]
 
     result = cli("verify", "--json")
     assert result.code == 1
     problems = {p["object"]: p["problem"] for p in result.json["problems"]}
-    assert problems == {corrupt: "corrupt", missing: "missing"}
-    assert corrupt in result.err and missing in result.err
+    assert problems == {corrupt: "corrupt", **{m: "missing" for m in missing}}
+    assert corrupt in result.err and all(m in result.err for m in missing)
 
     out = tmp_path / "out"
     failed = cli("checkout", "main", "--to", out, "--format", "jsonl")

@@ -5,10 +5,19 @@ import time
 
 import pytest
 
-from cachetier.errors import BadInputError, NotFoundError
+from cachetier.errors import BadInputError, IntegrityError, NotFoundError
 from cachetier.objects import object_key
+from cachetier.packs import index_key, list_packs, pack_key
 from tests.versioning.helpers import make_version, put_shard
-from versioning import RefStore, load_version, reachable, reachable_objects, unreachable, version_key
+from versioning import (
+    RefStore,
+    ShardEntry,
+    load_version,
+    reachable,
+    reachable_objects,
+    unreachable,
+    version_key,
+)
 
 
 def age(store, key: str, seconds: float) -> None:
@@ -107,3 +116,55 @@ def test_empty_repository_has_nothing_reachable(store, objects):
     assert reachable_objects(store, objects) == set()
     stray = objects.put(b"x")
     assert [i.oid for i in unreachable(store, objects, grace_seconds=0, now=time.time() + 1)] == [stray]
+
+
+def packed_shard(writer, objects, records: list[str]) -> ShardEntry:
+    """Queue a real shard object in ``writer``'s open pack and return its entry."""
+    data = "\n".join(records).encode()
+    oid = objects.hash(data)
+    assert writer.add(oid, data)
+    return ShardEntry(oid, len(records), len(data), len(data), 0, ())
+
+
+def test_packs_are_removed_whole_only_when_no_member_is_reachable(store, objects):
+    writer = objects.pack_writer()
+    live = packed_shard(writer, objects, ["live"])
+    dead_neighbour = packed_shard(writer, objects, ["dead, in the live pack"])
+    writer.flush()
+    dead = [packed_shard(writer, objects, [f"dead {i}"]) for i in range(3)]
+    writer.flush()
+    crashed = b"a pack whose index was never written"
+    crashed_id = objects.hash(crashed)
+    store.put(pack_key(crashed_id), crashed)
+    RefStore(store).set_branch("main", make_version(store, objects, [live], (), "v"), None)
+    live_pack = objects.packs.locate(live.hash).packid
+    dead_pack = objects.packs.locate(dead[0].hash).packid
+    assert objects.packs.locate(dead_neighbour.hash).packid == live_pack != dead_pack
+
+    assert [i for i in unreachable(store, objects, grace_seconds=3600) if i.kind == "pack"] == []
+    later = time.time() + 7200
+    items = {i.oid: i for i in unreachable(store, objects, grace_seconds=3600, now=later) if i.kind == "pack"}
+    assert set(items) == {dead_pack, crashed_id}  # the pack with one live member is kept
+    assert set(items[dead_pack].members) == {d.hash for d in dead}
+    assert items[dead_pack].keys == (index_key(dead_pack), pack_key(dead_pack))
+    assert items[dead_pack].size == sum((store.root / k).stat().st_size for k in items[dead_pack].keys)
+    assert items[crashed_id].keys == (pack_key(crashed_id),) and items[crashed_id].members == ()
+    kept = unreachable(store, objects, grace_seconds=3600, now=later, keep=[dead[1].hash])
+    assert {i.oid for i in kept if i.kind == "pack"} == {crashed_id}
+
+    # a touched pack (a member reused by a pending ingest) is young again
+    for key in (pack_key(dead_pack), index_key(dead_pack)):
+        age(store, key, 7200)
+    assert dead_pack in {i.oid for i in unreachable(store, objects, grace_seconds=3600)}
+    assert objects.touch_if_exists(dead[2].hash)
+    assert dead_pack not in {i.oid for i in unreachable(store, objects, grace_seconds=3600)}
+
+
+def test_a_pack_with_an_unreadable_index_fails_closed(store, objects):
+    writer = objects.pack_writer()
+    packed_shard(writer, objects, ["x"])
+    writer.flush()
+    (pack,) = list_packs(store)
+    (store.root / index_key(pack.packid)).write_bytes(b"not an index")
+    with pytest.raises(IntegrityError):
+        unreachable(store, objects, grace_seconds=0, now=time.time() + 10)
