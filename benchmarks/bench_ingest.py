@@ -92,7 +92,11 @@ def dir_bytes(path: Path) -> int:
 
 
 def repo_bytes(path: Path) -> int:
-    return dir_bytes(path / "objects") if (path / "objects").exists() else dir_bytes(path)
+    """Stored data bytes: objects and packs of a tierdata repository, else the whole folder."""
+    parts = [path / "objects", path / "packs"]
+    if not parts[0].exists():
+        return dir_bytes(path)
+    return sum(dir_bytes(p) for p in parts if p.exists())
 
 
 def bench_tierdata(work: Path, small: Path, big: Path, s3: Any, shard_args: list[str]) -> dict[str, Any]:

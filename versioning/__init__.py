@@ -7,6 +7,7 @@ record layout inside shards.
 Layout in the store::
 
     objects/<h[:2]>/<h>     shard tables (Parquet), shards and chunks (written by datastore)
+    packs/<id>.pack|.idx    small objects stored together (see cachetier.packs)
     versions/<id>           canonical JSON of a VersionRecord; id = content hash of it
     refs/heads/<branch>     a version id, moved only by compare-and-swap
     refs/tags/<tag>         a version id, never moved
