@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cachetier.errors import BadInputError
+from datastore._pipeline import Uploader
 from datastore.recordhash import hash_records
 from datastore.shards import PendingShard, ShardOptions, encode_shard, read_shard
 from dedup import DedupConfig, DedupResult, find_duplicates
@@ -212,23 +213,30 @@ def dedup_shards(
         else ShardOptions(algorithm=repo.algorithm)
     )
     entries: list[ShardEntry] = []
-    for i, entry in enumerate(table):
-        mask = keep[offsets[i] : offsets[i + 1]]
-        if mask.all():
-            entries.append(entry)
-            continue
-        if not mask.any():
-            continue
-        full = read_shard(repo.objects.get(entry.hash))
-        kept = full.filter(pa.array(mask))
-        digests = hash_records(kept)
-        encoded = encode_shard(PendingShard(kept, digests.hashes, digests.sizes), options)
-        repo.objects.put(encoded.data, encoded.hash)
-        entries.append(
-            ShardEntry(
-                encoded.hash, encoded.records, encoded.bytes, encoded.uncompressed_bytes, 0, encoded.chunks
+    # Through an Uploader, so small re-encoded shards (a files dataset's) go into packs.
+    with Uploader(repo.objects, workers=1, budget=options.max_size) as up:
+        for i, entry in enumerate(table):
+            mask = keep[offsets[i] : offsets[i + 1]]
+            if mask.all():
+                entries.append(entry)
+                continue
+            if not mask.any():
+                continue
+            full = read_shard(repo.objects.get(entry.hash))
+            kept = full.filter(pa.array(mask))
+            digests = hash_records(kept)
+            encoded = encode_shard(PendingShard(kept, digests.hashes, digests.sizes), options)
+            up.put(encoded.hash, encoded.data)
+            entries.append(
+                ShardEntry(
+                    encoded.hash,
+                    encoded.records,
+                    encoded.bytes,
+                    encoded.uncompressed_bytes,
+                    0,
+                    encoded.chunks,
+                )
             )
-        )
     return entries, result
 
 
