@@ -140,7 +140,7 @@ def ingest(
     counts them in ``IngestResult.skipped``. ``index`` is the ingest index (a file, a
     folder to keep ``index.json`` in, or an :class:`IngestIndex`); ``progress(n)`` is
     called with input bytes as they are read. ``shard_size=None`` means the default
-    (16 MiB; 48 KiB for a ``files`` dataset, so an edited file rewrites little: its small
+    (16 MiB; 64 KiB for a ``files`` dataset, so an edited file rewrites little: its small
     shards are stored together in packs, see :mod:`cachetier.packs`).
     """
     if on_error not in ("fail", "skip"):

@@ -30,6 +30,7 @@ max with chance ``e**-5``, so forced cuts rarely break resynchronisation).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -62,10 +63,10 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_SIZE = 16 << 20
-#: Files datasets cut small shards, so 1% of files edited at random rewrites ~6% of the
+#: Files datasets cut small shards, so 1% of files edited at random rewrites ~8% of the
 #: bytes (4 MiB shards: ~97%); the object store packs them (cachetier.packs), so small
 #: shards do not mean one store request each. 32 KiB: ~4% rewritten but +7% IPC overhead.
-FILES_SHARD_SIZE = 48 << 10
+FILES_SHARD_SIZE = 64 << 10
 SHARD_FORMAT = "1"
 _MIN_SHARD_SIZE = 1024
 _MAX_SHARD_SIZE = 2 << 30
@@ -194,21 +195,23 @@ class BoundaryCutter:
         gap = self._gap
         capped = np.minimum(sizes, int(gap)).astype(np.uint64)
         candidate = (prefixes >> np.uint64(32)) * gap < (capped << np.uint64(32))
-        cand_idx = np.flatnonzero(candidate)
-        cum = np.cumsum(sizes) + self.pending_bytes
+        # Python lists and bisect: small shards mean a cut every few records, and a numpy
+        # call per search costs more than the search.
+        cand_idx = np.flatnonzero(candidate).tolist()
+        cum = (np.cumsum(sizes) + self.pending_bytes).tolist()
         base, start, cuts = 0, 0, []
         lo, hi = self.options.min_size, self.options.max_size
         while start < n:
-            j_min = int(np.searchsorted(cum, base + lo, "left"))
-            j_max = int(np.searchsorted(cum, base + hi, "left"))
-            k = int(np.searchsorted(cand_idx, max(j_min, start), "left"))
-            j_cand = int(cand_idx[k]) if k < len(cand_idx) else n
+            j_min = bisect.bisect_left(cum, base + lo)
+            j_max = bisect.bisect_left(cum, base + hi)
+            k = bisect.bisect_left(cand_idx, max(j_min, start))
+            j_cand = cand_idx[k] if k < len(cand_idx) else n
             j = min(j_cand, j_max)
             if j >= n:
                 break
             cuts.append(j + 1)
-            base, start = int(cum[j]), j + 1
-        self.pending_bytes = int(cum[-1]) - base
+            base, start = cum[j], j + 1
+        self.pending_bytes = cum[-1] - base
         return cuts
 
     def reset(self) -> None:
