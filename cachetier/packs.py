@@ -71,7 +71,7 @@ INDEX_SUFFIX = ".idx"
 #: A pack is written once it holds at least this many bytes.
 PACK_TARGET_BYTES = 16 << 20
 #: Objects smaller than this go into packs; larger ones stay standalone.
-PACK_MEMBER_LIMIT = 1 << 20
+PACK_MEMBER_LIMIT = 256 << 10
 
 _MAGIC = b"TDPACKI1"
 _HEADER = struct.Struct("<8sQQ32s")
