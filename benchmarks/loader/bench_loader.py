@@ -11,10 +11,11 @@ is reported), because first-batch latency and memory are properties of a fresh s
 - **memory**: ``--memory-epochs`` epochs; the peak over each epoch of the summed RSS and
   PSS of the process and its workers (PSS splits pages shared after fork fairly).
 
-Usage (full run, the figures of the issue; several minutes on 2 cores)::
+Usage (full run, the figures of the issue; about an hour on 2 shared cores)::
 
     python -m benchmarks.loader.bench_loader run
     .bench-venv/bin/python -m benchmarks.loader.bench_loader run   # with the peers installed
+    .bench-venv/bin/python -m benchmarks.loader.bench_loader s3    # cold from S3 (bench_s3)
 
 Quick check while developing::
 
@@ -29,16 +30,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import resource
-import statistics
-import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from benchmarks.loader.measure import MemorySampler, code_state, cpu_seconds, median, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORK = ROOT / "benchmarks" / "_work" / "loader"
@@ -46,60 +44,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
 # -- measuring, inside a child process ---------------------------------------------------
-
-
-class _MemorySampler:
-    """Peak summed RSS / PSS of this process and its children, sampled on a thread."""
-
-    def __init__(self, interval: float = 0.1) -> None:
-        import psutil
-
-        self._me = psutil.Process()
-        self._interval = interval
-        self._stop = threading.Event()
-        self.peak_rss = 0
-        self.peak_pss = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _sample(self, with_pss: bool) -> None:
-        procs = [self._me, *self._me.children(recursive=True)]
-        rss = pss = 0
-        for p in procs:
-            try:
-                if with_pss:
-                    info = p.memory_full_info()
-                    rss += info.rss
-                    pss += info.pss
-                else:
-                    rss += p.memory_info().rss
-            except Exception:
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-        if with_pss:
-            self.peak_pss = max(self.peak_pss, pss)
-
-    def _run(self) -> None:
-        tick = 0
-        while not self._stop.wait(self._interval):
-            self._sample(with_pss=tick % 5 == 0)
-            tick += 1
-
-    def reset(self) -> tuple[int, int]:
-        self._sample(with_pss=True)
-        peaks = (self.peak_rss, self.peak_pss)
-        self.peak_rss = self.peak_pss = 0
-        return peaks
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _cpu_seconds() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -122,9 +66,10 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         del it
         return {"delivered": delivered}
 
-    sampler = _MemorySampler() if mode in ("epoch", "memory") else None
+    cand.preload()
+    sampler = MemorySampler() if mode in ("epoch", "memory") else None
     gc.collect()
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
     loader = cand.make(cfg)
     if mode == "resume":
         saved = json.loads(Path(spec["state_file"]).read_text())
@@ -156,7 +101,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     del loader
     gc.collect()
     wall = time.perf_counter() - t0
-    cpu = _cpu_seconds() - cpu0
+    cpu = cpu_seconds() - cpu0
     out.update(
         {
             "samples": samples,
@@ -180,28 +125,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 # -- orchestrating, in the parent ----------------------------------------------------------
 
 
-def _spawn(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.loader.bench_loader", "_child", json.dumps(spec)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{spec['loader']} {spec['mode']} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
 def _measure(base: dict[str, Any], mode: str, **extra: Any) -> dict[str, Any]:
-    return _spawn({**base, "mode": mode, **extra})
+    return spawn("benchmarks.loader.bench_loader", {**base, "mode": mode, **extra})
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -251,14 +176,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "shuffle": shuffle,
                     "repeats": args.repeats,
                     "samples": ep[0]["samples"],
-                    "cpu_us_per_sample": _median(ep, "cpu_us_per_sample"),
-                    "samples_per_s": _median(ep, "samples_per_s"),
-                    "first_batch_s": _median(ep, "first_batch_s"),
-                    "resume_first_batch_s": _median(rs, "first_batch_s"),
+                    "cpu_us_per_sample": median(ep, "cpu_us_per_sample"),
+                    "samples_per_s": median(ep, "samples_per_s"),
+                    "first_batch_s": median(ep, "first_batch_s"),
+                    "resume_first_batch_s": median(rs, "first_batch_s"),
                     "resumed_samples": rs[0]["resumed_samples"],
                     "resume_saved_after": rs[0]["saved_delivered"],
-                    "peak_rss_mb": _median(ep, "peak_rss_mb"),
-                    "peak_pss_mb": _median(ep, "peak_pss_mb"),
+                    "peak_rss_mb": median(ep, "peak_rss_mb"),
+                    "peak_pss_mb": median(ep, "peak_pss_mb"),
                     "epoch_peak_pss_mb": memory.get("epoch_peak_pss_mb"),
                     "epoch_peak_rss_mb": memory.get("epoch_peak_rss_mb"),
                 }
@@ -313,7 +238,8 @@ def _plot(results: list[dict[str, Any]], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.9), 4))
     ax.bar(range(len(results)), [r["cpu_us_per_sample"] for r in results])
     ax.set_xticks(range(len(results)), labels, fontsize=7)
-    ax.set_ylabel("CPU µs per delivered sample")
+    ax.set_yscale("log")
+    ax.set_ylabel("CPU µs per delivered sample (log)")
     fig.tight_layout()
     fig.savefig(path)
     return True
@@ -335,16 +261,28 @@ def main() -> None:
     r.add_argument("--loaders", default="limit,tierdata,tierdata-repo,litdata,mds,wds")
     r.add_argument("--work", default=str(DEFAULT_WORK))
     r.add_argument("--out", default=str(DEFAULT_OUT))
+    from benchmarks.loader import bench_s3
+
+    bench_s3.add_arguments(sub.add_parser("s3", help="cold start from the S3 test server (see bench_s3)"))
     c = sub.add_parser("_child")
     c.add_argument("spec")
     args = parser.parse_args()
     if args.cmd == "_child":
         print(json.dumps(_child(json.loads(args.spec))))
         return
+    if args.cmd == "s3":
+        bench_s3.main_s3(args)
+        return
+    code_at_start = code_state()
     results = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "loader.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    code = {"at_start": code_at_start, "at_end": code_state()}
+    if code["at_start"] != code["at_end"]:
+        print("warning: the loader stack's sources changed during the run", file=sys.stderr)
+    (out / "loader.json").write_text(
+        json.dumps({"args": vars(args), "code": code, "results": results}, indent=1)
+    )
     table = _table(results, args)
     (out / "loader.md").write_text(table)
     _plot(results, out / "loader.png")

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from benchmarks.loader.data import TOKENS
 
-__all__ = ["CANDIDATES", "Candidate", "RunConfig", "batch_len"]
+__all__ = ["CANDIDATES", "Candidate", "RunConfig", "batch_len", "import_streaming", "write_parquet"]
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,30 @@ def _records(paths: Iterable[str]) -> Iterator[dict[str, Any]]:
             yield {"id": int(ids[i]), "tokens": tokens[i].copy(), "text": texts[i]}
 
 
+def write_parquet(paths: Iterable[str], out: Path) -> None:
+    """The records of the shard files as one Parquet file (what a repository ingests)."""
+    import pyarrow.parquet as pq
+
+    paths = list(paths)
+    with pq.ParquetWriter(str(out), _read_table(paths[0]).drop(["__record_hash"]).schema) as writer:
+        for path in paths:
+            writer.write_table(_read_table(path).drop(["__record_hash"]))
+
+
 class Candidate:
     """A loader under test. ``make`` builds it; ``state``/``resume`` save and restore a position."""
 
     name = "?"
     requires: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()  # imported before the clock starts (LitData's import takes ~4 s)
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def preload(self) -> None:
+        """Import what ``make`` needs, so import time counts in no measurement."""
+        for module in self.imports or self.requires:
+            importlib.import_module(module)
 
     def prepare(self, cfg: RunConfig) -> None:
         """Convert the data into this candidate's format (once; cached in the work folder)."""
@@ -164,6 +180,7 @@ class Tierdata(Candidate):
     """Ours: StreamingDataset in batch mode through StreamingDataLoader."""
 
     name = "tierdata"
+    imports = ("loaders",)
 
     def make(self, cfg: RunConfig) -> Any:
         from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
@@ -189,6 +206,7 @@ class TierdataRepo(Candidate):
 
     name = "tierdata-repo"
     requires = ("datastore",)
+    imports = ("loaders", "datastore", "cachetier.config")
 
     def _root(self, cfg: RunConfig) -> Path:
         return Path(cfg.work) / f"repo-{len(cfg.paths)}-{_fingerprint(cfg)}"
@@ -200,8 +218,6 @@ class TierdataRepo(Candidate):
         return CacheConfig(dir=root / "cache", ram_dir=root / "ram", ram_bytes=2 << 30, ssd_bytes=4 << 30)
 
     def prepare(self, cfg: RunConfig) -> None:
-        import pyarrow.parquet as pq
-
         from datastore import Repo
 
         root = self._root(cfg)
@@ -209,11 +225,7 @@ class TierdataRepo(Candidate):
             return
         root.mkdir(parents=True, exist_ok=True)
         parquet = root / "data.parquet"
-        with pq.ParquetWriter(
-            str(parquet), _read_table(cfg.paths[0]).drop(["__record_hash"]).schema
-        ) as writer:
-            for path in cfg.paths:
-                writer.write_table(_read_table(path).drop(["__record_hash"]))
+        write_parquet(cfg.paths, parquet)
         repo = Repo.init(root / "repo", workspace=None)
         repo.ingest(parquet, format="parquet")
         repo.commit("loader benchmark data")
@@ -241,13 +253,14 @@ class LitData(Candidate):
     name = "litdata"
     requires = ("litdata",)
 
-    def _dir(self, cfg: RunConfig) -> Path:
+    def data_dir(self, cfg: RunConfig) -> Path:
+        """Where this peer's copy of the records lives (converted once)."""
         return Path(cfg.work) / f"litdata-{len(cfg.paths)}-{_fingerprint(cfg)}"
 
     def prepare(self, cfg: RunConfig) -> None:
         import litdata
 
-        out = self._dir(cfg)
+        out = self.data_dir(cfg)
         if (out / "index.json").exists():
             return
         litdata.optimize(
@@ -262,7 +275,7 @@ class LitData(Candidate):
     def make(self, cfg: RunConfig) -> Any:
         import litdata
 
-        ds = litdata.StreamingDataset(str(self._dir(cfg)), shuffle=cfg.shuffle, seed=cfg.seed)
+        ds = litdata.StreamingDataset(str(self.data_dir(cfg)), shuffle=cfg.shuffle, seed=cfg.seed)
         return litdata.StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
 
@@ -270,31 +283,67 @@ def _litdata_records(path: str) -> Iterator[dict[str, Any]]:
     yield from _records([path])
 
 
+def import_streaming() -> Any:
+    """Import MosaicML Streaming without ``streaming.vision`` when torchvision cannot load.
+
+    ``streaming/__init__`` imports its image datasets, which need torchvision; PyPI's
+    torchvision is a CUDA build that cannot load against the CPU torch (see
+    ``benchmarks/setup_bench_env.sh``). MDS itself (``streaming.base``) never uses it.
+    """
+    import sys
+    import types
+
+    if importlib.util.find_spec("torchvision") is None:
+        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    import streaming
+
+    return streaming
+
+
 class MosaicMDS(Candidate):
     name = "mds"
     requires = ("streaming",)
 
-    def _dir(self, cfg: RunConfig) -> Path:
-        return Path(cfg.work) / f"mds-{len(cfg.paths)}-{_fingerprint(cfg)}"
+    def available(self) -> bool:
+        if not super().available():
+            return False
+        try:
+            import_streaming()
+        except Exception as e:  # a peer that cannot import is skipped, with the reason
+            warnings.warn(f"mds: import streaming failed: {e!r}", stacklevel=1)
+            return False
+        return True
+
+    def preload(self) -> None:
+        import_streaming()
+
+    def data_dir(self, cfg: RunConfig) -> Path:
+        """Where this peer's copy of the records lives (converted once)."""
+        return Path(cfg.work) / f"mds2-{len(cfg.paths)}-{_fingerprint(cfg)}"
 
     def prepare(self, cfg: RunConfig) -> None:
-        from streaming import MDSWriter
+        MDSWriter = import_streaming().MDSWriter
 
-        out = self._dir(cfg)
+        out = self.data_dir(cfg)
         if (out / "index.json").exists():
             return
-        columns = {"id": "int64", "tokens": "ndarray", "text": "str"}
+        # A static dtype and shape: MDS's cheapest ndarray encoding (no per-sample header).
+        columns = {"id": "int64", "tokens": f"ndarray:int32:{TOKENS}", "text": "str"}
         with MDSWriter(out=str(out), columns=columns, compression="zstd", size_limit="32mb") as writer:
             for record in _records(cfg.paths):
                 writer.write(record)
 
     def make(self, cfg: RunConfig) -> Any:
-        from streaming import StreamingDataLoader, StreamingDataset
+        streaming = import_streaming()
+        StreamingDataLoader, StreamingDataset = streaming.StreamingDataLoader, streaming.StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
         ds = StreamingDataset(
-            local=str(self._dir(cfg)), shuffle=cfg.shuffle, shuffle_seed=cfg.seed, batch_size=cfg.batch_size
+            local=str(self.data_dir(cfg)),
+            shuffle=cfg.shuffle,
+            shuffle_seed=cfg.seed,
+            batch_size=cfg.batch_size,
         )
         return StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
 
@@ -303,13 +352,14 @@ class WebDataset(Candidate):
     name = "wds"
     requires = ("webdataset",)
 
-    def _dir(self, cfg: RunConfig) -> Path:
+    def data_dir(self, cfg: RunConfig) -> Path:
+        """Where this peer's copy of the records lives (converted once)."""
         return Path(cfg.work) / f"wds-{len(cfg.paths)}-{_fingerprint(cfg)}"
 
     def prepare(self, cfg: RunConfig) -> None:
         import webdataset as wds
 
-        out = self._dir(cfg)
+        out = self.data_dir(cfg)
         if (out / "done").exists():
             return
         out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +379,7 @@ class WebDataset(Candidate):
     def make(self, cfg: RunConfig) -> Any:
         import webdataset as wds
 
-        urls = [str(p) for p in sorted(self._dir(cfg).glob("shard-*.tar"))]
+        urls = [str(p) for p in sorted(self.data_dir(cfg).glob("shard-*.tar"))]
         ds = wds.WebDataset(
             urls,
             shardshuffle=len(urls) if cfg.shuffle else False,
