@@ -1,8 +1,16 @@
 """Arrow columns to torch values, column-wise, without a Python object per sample.
 
-Each column of a decoded shard is converted once (``prepare``), by a *kind* chosen
-from its Arrow type; a batch is then ``take`` (rows of one shard) or ``gather`` (rows
-of several shards), and ``emit`` builds the output for all rows at once:
+Each column of a decoded shard keeps its Arrow chunks, seen without a copy where Arrow
+allows (``prepare``, by a *kind* chosen from the Arrow type). Rows reach a batch in one
+of two ways:
+
+- **in order** (no shuffle): ``slice`` rows of one chunk, ``concat`` the slices;
+- **gathered** (shuffle): rows of a few batches are first gathered from many chunks
+  into one *block* (``new_block`` / ``fill``, one call per chunk), then each batch
+  ``select``\\ s its rows from the block. The per-call costs are paid once per block,
+  not once per batch, and only the rows a reader delivers are ever converted.
+
+``emit`` builds the batch values for all rows at once:
 
 ==============================  ======================================================
 Arrow type                      batch value (``emit``)
@@ -29,7 +37,6 @@ shard's storage, and could point into read-only, memory-mapped cache pages).
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -39,19 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = [
-    "Chunks",
-    "Kind",
-    "ListKind",
-    "NumericKind",
-    "RaggedKind",
-    "Rows",
-    "Slab",
-    "kind_of",
-    "lengths_key",
-]
-
-Rows = slice | np.ndarray
+__all__ = ["Kind", "ListKind", "NumericKind", "RaggedKind", "kind_of", "lengths_key"]
 
 
 def lengths_key(name: str) -> str:
@@ -60,24 +55,44 @@ def lengths_key(name: str) -> str:
 
 
 class Kind:
-    """How one column type is prepared, indexed and turned into batch values."""
+    """How one column type is prepared, indexed and turned into batch values.
+
+    ``data`` is one Arrow chunk as ``prepare`` left it; a *piece* is rows of one or
+    more chunks, ready for ``emit``; a *block* is rows gathered for ``select``.
+    """
 
     name = "?"
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> Any:
-        """The column's data for one shard, from its Arrow chunks."""
+    def prepare(self, chunk: pa.Array) -> Any:
+        """One chunk's data (without a copy where possible)."""
         raise NotImplementedError
 
-    def take(self, data: Any, rows: Rows) -> Any:
-        """The piece of one shard's data at ``rows``."""
-        raise NotImplementedError
-
-    def gather(self, datas: Sequence[Any], which: np.ndarray, rows: np.ndarray) -> Any:
-        """The piece whose ``i``-th row is ``rows[i]`` of ``datas[which[i]]``."""
+    def slice(self, data: Any, start: int, stop: int) -> Any:
+        """The piece of rows ``[start, stop)`` of one chunk."""
         raise NotImplementedError
 
     def concat(self, pieces: Sequence[Any]) -> Any:
-        """Join pieces (taken from consecutive windows)."""
+        """Join pieces, in order."""
+        raise NotImplementedError
+
+    def subset(self, parts: Sequence[tuple[Any, np.ndarray]]) -> Any:
+        """One chunk's data holding rows ``rows`` of each chunk ``data`` of ``parts``, in order."""
+        raise NotImplementedError
+
+    def new_block(self, rows: int, like: Any, spare: Any = None) -> Any:
+        """A block with room for ``rows`` rows of data like ``like`` (``spare``, an older one, if it fits)."""
+        raise NotImplementedError
+
+    def fill(self, block: Any, at: int, data: Any, rows: np.ndarray) -> Any:
+        """Write rows ``rows`` of chunk ``data`` to the block from row ``at``; returns the block."""
+        raise NotImplementedError
+
+    def finish(self, block: Any) -> Any:
+        """The block, ready for ``select``, once every row is filled."""
+        return block
+
+    def select(self, block: Any, rows: np.ndarray) -> Any:
+        """The piece of a block's rows ``rows`` (a copy: the block is reused)."""
         raise NotImplementedError
 
     def emit(self, name: str, piece: Any, out: dict[str, Any]) -> None:
@@ -89,94 +104,47 @@ class Kind:
         raise NotImplementedError
 
 
-class Slab:
-    """Rows ``[base, base + rows)`` of a stacked array that holds several shards' values.
-
-    Readers that shuffle stack the numeric columns of their resident shards in one array
-    per column (see :class:`loaders.decoded.SlotRing`), so a batch drawn from several
-    shards is one numpy gather instead of one per shard.
-    """
-
-    __slots__ = ("array", "base", "rows")
-
-    def __init__(self, array: np.ndarray, base: int, rows: int) -> None:
-        self.array = array
-        self.base = base
-        self.rows = rows
-
-
-class Chunks:
-    """A shard's column as its Arrow chunks, viewed as numpy arrays without a copy."""
-
-    __slots__ = ("arrays", "bounds")
-
-    def __init__(self, arrays: Sequence[np.ndarray]) -> None:
-        self.arrays = list(arrays)
-        self.bounds = [0]
-        for a in self.arrays:
-            self.bounds.append(self.bounds[-1] + len(a))
-
-    def take(self, rows: Rows) -> np.ndarray:
-        if isinstance(rows, slice):
-            start, stop = rows.start, rows.stop
-            k = bisect.bisect_right(self.bounds, start) - 1
-            if k + 1 >= len(self.bounds) or stop <= self.bounds[k + 1]:
-                return self.arrays[min(k, len(self.arrays) - 1)][
-                    start - self.bounds[k] : stop - self.bounds[k]
-                ]
-            parts = []
-            while start < stop:
-                end = min(stop, self.bounds[k + 1])
-                parts.append(self.arrays[k][start - self.bounds[k] : end - self.bounds[k]])
-                start, k = end, k + 1
-            return np.concatenate(parts)
-        if len(self.arrays) == 1:
-            return self.arrays[0][rows]
-        which = np.searchsorted(self.bounds, rows, side="right") - 1
-        first = self.arrays[0]
-        out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
-        for u in np.unique(which).tolist():
-            mask = which == u
-            out[mask] = self.arrays[u][rows[mask] - self.bounds[u]]
-        return out
-
-
 class NumericKind(Kind):
-    """Numbers (primitives, fixed-size lists of them): numpy rows of a :class:`Slab` or :class:`Chunks`."""
+    """Numbers (primitives, fixed-size lists of them): numpy arrays ``(rows, *shape)``."""
 
     name = "numeric"
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
 
-    def convert(self, chunk: pa.Array) -> np.ndarray:
-        """One Arrow chunk as a numpy array ``(n, *shape)`` (a view where Arrow allows)."""
+    def prepare(self, chunk: pa.Array) -> np.ndarray:
         return _fixed_numpy(chunk, self.shape)
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> Chunks:
-        return Chunks([self.convert(c) for c in chunks])
-
-    def take(self, data: Slab | Chunks, rows: Rows) -> np.ndarray:
-        if isinstance(data, Chunks):
-            return data.take(rows)
-        if isinstance(rows, slice):
-            return data.array[data.base + rows.start : data.base + rows.stop]
-        return data.array[data.base + rows]
-
-    def gather(self, datas: Sequence[Slab | Chunks], which: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        first = datas[0]
-        if isinstance(first, Slab) and all(isinstance(d, Slab) and d.array is first.array for d in datas):
-            bases = np.array([d.base for d in datas], dtype=np.int64)
-            return first.array[bases[which] + rows]
-        pieces = [self.take(d, rows[which == u]) for u, d in enumerate(datas)]
-        sample = next(p for p in pieces if p is not None)
-        out = np.empty((len(rows), *sample.shape[1:]), dtype=sample.dtype)
-        for u, piece in enumerate(pieces):
-            out[which == u] = piece
-        return out
+    def slice(self, data: np.ndarray, start: int, stop: int) -> np.ndarray:
+        return data[start:stop]
 
     def concat(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
-        return np.concatenate(pieces)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def subset(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        out = self.new_block(sum(len(r) for _, r in parts), parts[0][0])
+        at = 0
+        for data, rows in parts:
+            self.fill(out, at, data, rows)
+            at += len(rows)
+        return out
+
+    def new_block(self, rows: int, like: np.ndarray, spare: np.ndarray | None = None) -> np.ndarray:
+        fits = spare is not None and len(spare) >= rows and spare.dtype == like.dtype
+        if fits and spare.shape[1:] == like.shape[1:]:
+            return spare
+        return np.empty((rows, *like.shape[1:]), dtype=like.dtype)
+
+    def fill(self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        dest = block[at : at + len(rows)]
+        if data.dtype == block.dtype and data.shape[1:] == block.shape[1:]:
+            np.take(data, rows, axis=0, out=dest, mode="clip")  # rows are valid; "raise" would buffer
+        else:
+            dest[...] = data[rows]
+        return block
+
+    def select(self, block: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return block[rows]
 
     def emit(self, name: str, piece: np.ndarray, out: dict[str, Any]) -> None:
         out[name] = _tensor(piece)
@@ -188,31 +156,37 @@ class NumericKind(Kind):
 
 
 class RaggedKind(Kind):
-    """A variable-length list of numbers (one Arrow array per shard): padded 2-D tensor plus lengths."""
+    """A variable-length list of numbers (Arrow arrays): padded 2-D tensor plus lengths."""
 
     name = "ragged"
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> pa.Array:
-        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(list(chunks))
+    def prepare(self, chunk: pa.Array) -> pa.Array:
+        return chunk
 
-    def take(self, data: pa.Array, rows: Rows) -> pa.Array:
-        if isinstance(rows, slice):
-            return data.slice(rows.start, rows.stop - rows.start)
-        return data.take(pa.array(rows))
-
-    def gather(self, datas: Sequence[pa.Array], which: np.ndarray, rows: np.ndarray) -> pa.Array:
-        order = np.argsort(which, kind="stable")
-        bounds = np.searchsorted(which[order], np.arange(len(datas) + 1))
-        pieces = [self.take(d, rows[order[a:b]]) for d, a, b in zip(datas, bounds[:-1], bounds[1:])]
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        return pa.concat_arrays(pieces).take(pa.array(inverse))
+    def slice(self, data: pa.Array, start: int, stop: int) -> pa.Array:
+        return data.slice(start, stop - start)
 
     def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
-        return pa.concat_arrays(list(pieces))
+        return pieces[0] if len(pieces) == 1 else pa.concat_arrays(list(pieces))
+
+    def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
+        return self.concat([data.take(_indices(rows)) for data, rows in parts])
+
+    def new_block(self, rows: int, like: pa.Array, spare: Any = None) -> list[pa.Array]:
+        return []
+
+    def fill(self, block: list[pa.Array], at: int, data: pa.Array, rows: np.ndarray) -> list[pa.Array]:
+        block.append(data.take(_indices(rows)))
+        return block
+
+    def finish(self, block: list[pa.Array]) -> pa.Array:
+        return self.concat(block)
+
+    def select(self, block: pa.Array, rows: np.ndarray) -> pa.Array:
+        return block.take(_indices(rows))
 
     def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = piece.offsets.to_numpy()
@@ -234,37 +208,41 @@ class RaggedKind(Kind):
 
 
 class ListKind(Kind):
-    """Strings, binaries and any other type: Python values, made once per shard.
+    """Strings, binaries and any other type: Python values, made only for rows that are delivered.
 
-    The whole column is converted when the shard is decoded, so a batch, shuffled or
-    not, is a list of references to existing objects: no per-batch Arrow calls. Readers
-    that shuffle stack the values in an object array (a :class:`Slab`) to gather them
-    in one numpy call.
+    Chunks stay Arrow arrays; a piece is a list of Python values (``to_pylist`` of a
+    slice, one call per batch), a block an object array filled with one ``take`` +
+    ``to_pylist`` per chunk, from which a batch is one numpy gather.
     """
 
     name = "list"
 
-    def prepare(self, chunks: Sequence[pa.Array]) -> list[Any]:
-        return [v for c in chunks for v in c.to_pylist()]
+    def prepare(self, chunk: pa.Array) -> pa.Array:
+        return chunk
 
-    def take(self, data: list[Any] | Slab, rows: Rows) -> list[Any]:
-        if isinstance(data, Slab):
-            if isinstance(rows, slice):
-                return data.array[data.base + rows.start : data.base + rows.stop].tolist()
-            return data.array[data.base + rows].tolist()
-        if isinstance(rows, slice):
-            return data[rows]
-        return [data[r] for r in rows.tolist()]
-
-    def gather(self, datas: Sequence[list[Any] | Slab], which: np.ndarray, rows: np.ndarray) -> list[Any]:
-        first = datas[0]
-        if isinstance(first, Slab) and all(isinstance(d, Slab) and d.array is first.array for d in datas):
-            bases = np.array([d.base for d in datas], dtype=np.int64)
-            return first.array[bases[which] + rows].tolist()
-        return [self.take(datas[u], np.array([r]))[0] for u, r in zip(which.tolist(), rows.tolist())]
+    def slice(self, data: pa.Array, start: int, stop: int) -> list[Any]:
+        return data.slice(start, stop - start).to_pylist()
 
     def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
-        return [v for p in pieces for v in p]
+        return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
+
+    def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
+        taken = [data.take(_indices(rows)) for data, rows in parts]
+        return taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
+
+    def new_block(self, rows: int, like: pa.Array, spare: np.ndarray | None = None) -> np.ndarray:
+        if spare is not None and len(spare) >= rows:
+            return spare
+        return np.empty(rows, dtype=object)
+
+    def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
+        values = data.take(_indices(rows)).to_pylist()
+        # fromiter keeps list values as objects (assigning a list of lists would broadcast)
+        block[at : at + len(values)] = np.fromiter(values, dtype=object, count=len(values))
+        return block
+
+    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
+        return block[rows].tolist()
 
     def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
         out[name] = piece
@@ -274,7 +252,7 @@ class ListKind(Kind):
 
 
 def kind_of(typ: pa.DataType) -> Kind:
-    """The kind for Arrow type ``typ`` (dictionary types are decoded first, see ``decode``)."""
+    """The kind for Arrow type ``typ`` (dictionary types are decoded first, see ``decoded``)."""
     shape = _numeric_shape(typ)
     if shape is not None:
         return NumericKind(shape)
@@ -325,6 +303,12 @@ def _fixed_numpy(array: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
         typ = typ.value_type
     flat = _numpy(array, _np_dtype(typ))
     return flat.reshape((n, *shape)) if shape else flat
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as an Arrow array, without a copy (``pa.array`` would also import numpy.ma)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:

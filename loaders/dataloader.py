@@ -80,9 +80,11 @@ class StreamingDataLoader(DataLoader):
         self._tail_drop = tail_drop
         self._progress: _Progress | None = None
         dataset._block = (block, tail_drop)
-        if self.persistent_workers and self.num_workers > 0:
+        if self.num_workers > 0:
             context = self.multiprocessing_context or torch.multiprocessing
-            dataset._channel = context.RawArray("q", 7)
+            dataset._turns = context.RawArray("q", 2)  # see loaders.lead
+            if self.persistent_workers:
+                dataset._channel = context.RawArray("q", 7)
 
     @property
     def streaming_dataset(self) -> StreamingDataset:
@@ -98,6 +100,8 @@ class StreamingDataLoader(DataLoader):
         self._progress = progress
         if ds._channel is not None:
             ds._channel[:7] = spec.to_ints()
+        if ds._turns is not None:
+            ds._turns[0] += 1
         ds._loader_spec = spec
         try:
             batches = super().__iter__()

@@ -4,6 +4,7 @@ An iteration is a pipeline of small stages, each a module of its own::
 
     plan (loaders.plan)  ->  partition over ranks and workers (loaders.partition)
       ->  shards decoded ahead on threads (loaders.prefetch, loaders.decoded)
+      ->  each batch's records taken from them (loaders.assemble)
       ->  batches built column-wise (loaders.columns)  ->  optional transform
 
 Where an iteration starts (epoch, consumed prefix, a worker's own progress) is resolved
@@ -25,18 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from cachetier.errors import BadInputError, UsageError
-from loaders.decoded import (
-    DecodedShard,
-    SlotRing,
-    batch_from_pieces,
-    pieces,
-    samples_from_pieces,
-    select_columns,
-)
+from loaders.assemble import batch_rows
+from loaders.decoded import DecodedShard, batch_from_pieces, samples_from_pieces, select_columns
+from loaders.lead import Lead
 from loaders.partition import Partition
 from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
@@ -102,16 +97,18 @@ class StreamingDataset(IterableDataset):
     - ``shuffle`` / ``seed``: shuffle shards, then records within a window sliding over
       ``shuffle_window`` shards (:mod:`loaders.plan`); the order is a pure function of
       (version, seed, epoch). A wider window mixes more shards per batch but holds more
-      decoded shards, and a resume must decode a whole window before its first batch
-      (the fresh start ramps up from one shard): 2 keeps a resume within ~1.2x of a
-      fresh start; 4 or more suits data whose shards are internally correlated.
+      decoded shards, and a resume must decode a whole window (read in parallel) before
+      its first batch, where the fresh start ramps up from one shard: 2 keeps a resume
+      close to a fresh start; 4 or more suits data whose shards are internally correlated.
     - ``batch_size``: yield dicts of tensors built column-wise (see :mod:`loaders.columns`);
       ``drop_last`` drops each rank's short last batch. Without it, yield one dict per
       sample (let the DataLoader batch them).
     - ``transform``: applied to every yielded item (a sample, or a batch in batch mode);
       it must return one item per input.
-    - ``prefetch``: shards decoded ahead of those in use (memory per reader: about
-      ``shuffle_window + prefetch`` decoded shards; ``1 + prefetch`` without shuffle).
+    - ``prefetch``: shards decoded ahead of those in use (memory per reader: at most
+      ``shuffle_window + prefetch`` decoded shards, ``1 + prefetch`` without shuffle;
+      with several readers, ranks or workers, ``shuffle_window - 1 + prefetch`` and a
+      small part of one, see :mod:`loaders.assemble`).
 
     Promises: per epoch every record is yielded at most once over all ranks, every rank
     yields the same count, and with one rank every record exactly once.
@@ -167,6 +164,7 @@ class StreamingDataset(IterableDataset):
         self._block: tuple[int, bool] | None = None
         self._loader_spec: _Spec | None = None
         self._channel: Any = None
+        self._turns: Any = None
 
     # -- epochs and state -------------------------------------------------------------
 
@@ -328,9 +326,9 @@ class StreamingDataset(IterableDataset):
         progress = _Progress(spec, part, world, skipped=skip)
         if not spec.by_loader:
             self._progress = progress
-        return self._generate(plan, part, chunks, progress)
+        return self._generate(plan, part, chunks, progress, Lead.of(self._turns, world))
 
-    def _decode(self, plan: EpochPlan, ring: SlotRing | None, index: int, base: int | None) -> DecodedShard:
+    def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
         shard_id = plan.shard_ids[index]
         table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
         if table.num_rows != plan.counts[index]:
@@ -339,51 +337,46 @@ class StreamingDataset(IterableDataset):
                 subject=shard_id,
                 hint="the source returned another shard than the version names",
             )
-        return DecodedShard(index, shard_id, table, ring, base)
+        return DecodedShard(index, shard_id, table)
 
     def _generate(
-        self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress
+        self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress, lead: Lead | None
     ) -> Iterator[Any]:
         if len(chunks) == 0:
+            if lead is not None:
+                lead.done()
             progress.complete = True
             return
         transform = self.transform
         batched = self.batch_size is not None
         order = needed_shards(plan, touched_windows(plan, part, chunks))
         announce = self.source.announce
-        ring = None
-        if plan.shuffle:  # batches gather rows: stack the numeric columns of the resident shards
-            # room for the shards held at once (a window's, plus those read ahead), and slack for wrapping
-            largest = np.sort(plan.counts)[::-1]
-            ring = SlotRing(int(largest[: plan.k + self.prefetch].sum() + largest[0]))
         with ShardPrefetcher(
-            functools.partial(self._decode, plan, ring),
+            functools.partial(self._decode, plan),
             order,
             depth=self.prefetch,
             threads=_READ_THREADS,
             announce=lambda idx: announce([plan.shard_ids[i] for i in idx]),
-            reserve=None if ring is None else lambda i: ring.reserve(int(plan.counts[i])),
-            release=None if ring is None else lambda base: base is not None and ring.release(base),
         ) as shards:
-            for c in chunks:
-                pos, n = part.chunk(c)
-                parts = []
-                for w, lo, hi in plan.segments(pos, pos + n):
-                    kinds, piece = pieces(shards.acquire(plan.window_shards(w)), plan.window_rows(w, lo, hi))
-                    parts.append(piece)
+            if lead is not None:  # after announcing: a cache may fetch meanwhile
+                lead.wait()
+            for kinds, parts, n in batch_rows(plan, shards, _Spans(part, chunks)):
                 if batched:
                     item = batch_from_pieces(kinds, parts)
                     progress.chunks += 1
                     progress.samples += n
                     yield item if transform is None else transform(item)
-                    continue
-                samples = samples_from_pieces(kinds, parts)
-                last = len(samples) - 1
-                for i, sample in enumerate(samples):
-                    progress.samples += 1
-                    if i == last:
-                        progress.chunks += 1
-                    yield sample if transform is None else transform(sample)
+                else:
+                    samples = samples_from_pieces(kinds, parts)
+                    last = len(samples) - 1
+                    for i, sample in enumerate(samples):
+                        progress.samples += 1
+                        if i == last:
+                            progress.chunks += 1
+                        yield sample if transform is None else transform(sample)
+                if lead is not None:  # the first batch is out
+                    lead.done()
+                    lead = None
         progress.complete = True
 
     def __repr__(self) -> str:
@@ -392,6 +385,22 @@ class StreamingDataset(IterableDataset):
             f"shards={len(self._shards)}, shuffle={self.shuffle}, seed={self.seed}, "
             f"batch_size={self.batch_size})"
         )
+
+
+class _Spans(Sequence[tuple[int, int]]):
+    """``(first position, length)`` of chunks ``chunks`` of ``part``, computed on demand."""
+
+    def __init__(self, part: Partition, chunks: range) -> None:
+        self._part = part
+        self._chunks = chunks
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return _Spans(self._part, self._chunks[i])
+        return self._part.chunk(self._chunks[i])
 
 
 def _worker_skip(spec: _Spec, world: World) -> int:

@@ -1,17 +1,22 @@
-"""Decoded shards, and batches gathered from them column-wise.
+"""Decoded shards, and the rows of batches taken from them column-wise.
 
-A :class:`DecodedShard` holds the selected columns of one shard, each converted once by
-its kind (:mod:`loaders.columns`). A batch is a list of *parts*, one per window it
-touches; :func:`pieces` takes each part's rows from one shard (a slice in order, or a
-take) or gathers them from several, and :func:`batch_from_pieces` /
-:func:`samples_from_pieces` turn the pieces into the yielded items. No Python object
-is made per sample in batch mode.
+A :class:`DecodedShard` keeps the selected columns of one shard as its Arrow chunks,
+seen without a copy where Arrow allows (:mod:`loaders.columns`): nothing is converted
+for rows a reader does not deliver. Batches get their rows in one of two ways:
+
+- :func:`slice_rows`: rows in order (no shuffle), sliced from the chunks;
+- :class:`GatheredRows`: the rows of a few consecutive batches of a reader, gathered
+  chunk by chunk into one block per column, from which each batch takes its rows with
+  one numpy index. The per-chunk calls are paid once per block, not once per batch.
+
+:func:`batch_from_pieces` / :func:`samples_from_pieces` turn the pieces into the
+yielded items. No Python object is made per sample in batch mode, except the values of
+string and other object columns.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,12 +24,19 @@ import numpy as np
 import pyarrow as pa
 
 from cachetier.errors import BadInputError
-from loaders.columns import Kind, ListKind, NumericKind, RaggedKind, Slab, kind_of, lengths_key
-from loaders.plan import Rows
+from loaders.columns import Kind, RaggedKind, kind_of, lengths_key
 
-__all__ = ["DecodedShard", "SlotRing", "batch_from_pieces", "pieces", "samples_from_pieces", "select_columns"]
+__all__ = [
+    "DecodedShard",
+    "GatheredRows",
+    "batch_from_pieces",
+    "samples_from_pieces",
+    "select_columns",
+    "slice_rows",
+]
 
 Pieces = dict[str, Any]
+_DISAGREE = "shards of one version disagree on their columns"
 
 
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
@@ -45,111 +57,32 @@ def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str
     return table if keep == names else table.select(keep)
 
 
-class SlotRing:
-    """Row space for the numeric columns of a reader's resident shards, one array per column.
-
-    Shards are reserved and released in the same order (plan order), so the space is a
-    ring: a reservation takes rows at the head, a release frees them at the tail. Sized
-    for the shards a reader holds at once, it is allocated once per iteration and reused,
-    and a batch drawn from several shards is a single numpy gather.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._regions: deque[tuple[int, int]] = deque()
-        self._head = 0
-        self._arrays: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
-
-    def reserve(self, rows: int) -> int | None:
-        """The first row of ``rows`` free rows, or None when they do not fit."""
-        if not self._regions:
-            base = 0 if rows <= self.capacity else None
-        else:
-            tail = self._regions[0][0]
-            if self._head >= tail:
-                base = self._head if self._head + rows <= self.capacity else (0 if rows <= tail else None)
-            else:
-                base = self._head if self._head + rows <= tail else None
-        if base is not None:
-            self._regions.append((base, rows))
-            self._head = base + rows
-        return base
-
-    def release(self, base: int) -> None:
-        """Free the oldest reservation (which starts at ``base``)."""
-        first, _ = self._regions.popleft()
-        if first != base:
-            raise RuntimeError(f"slot ring released out of order: {base} before {first}")
-        if not self._regions:
-            self._head = 0
-
-    def _ring(self, name: str, dtype: np.dtype, tail: tuple[int, ...]) -> np.ndarray | None:
-        """The array of column ``name`` (made on first use); None if it has another type."""
-        with self._lock:
-            ring = self._arrays.get(name)
-            if ring is None:
-                ring = self._arrays[name] = np.empty((self.capacity, *tail), dtype=dtype)
-            if ring.dtype != dtype or ring.shape[1:] != tail:
-                return None
-            return ring
-
-    def store(self, name: str, kind: NumericKind, base: int, chunks: Sequence[pa.Array]) -> Slab:
-        """Copy a shard's numeric column into rows from ``base``."""
-        arrays = [kind.convert(c) for c in chunks] or [np.empty((0, *kind.shape))]
-        rows = sum(len(a) for a in arrays)
-        ring = self._ring(name, arrays[0].dtype, arrays[0].shape[1:])
-        if ring is None:  # types differ between shards: keep this one apart
-            array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            return Slab(array, 0, rows)
-        at = base
-        for a in arrays:
-            ring[at : at + len(a)] = a
-            at += len(a)
-        return Slab(ring, base, rows)
-
-    def store_objects(self, name: str, base: int, values: list[Any]) -> Slab:
-        """Place a shard's Python values in rows from ``base`` of an object array."""
-        ring = self._ring(name, np.dtype(object), ())
-        assert ring is not None
-        ring[base : base + len(values)] = values
-        return Slab(ring, base, len(values))
-
-
 class DecodedShard:
-    """The columns of one shard (plan index ``index``), converted for batching.
+    """The columns of one shard (plan index ``index``) as chunks ready for batching.
 
-    With a ``ring`` and a reserved ``base`` row, numeric columns are copied into it;
-    otherwise each column keeps its own arrays.
+    Every column is cut into the same chunks, at rows ``bounds`` (``bounds[-1]`` is the
+    shard's row count); ``data[name][c]`` is chunk ``c`` of column ``name``. A shard
+    made by :meth:`subset` holds only some of its records: ``kept`` lists their rows.
     """
 
-    def __init__(
-        self,
-        index: int,
-        shard_id: str,
-        table: pa.Table,
-        ring: SlotRing | None = None,
-        base: int | None = None,
-    ) -> None:
+    kept: np.ndarray | None = None
+
+    def __init__(self, index: int, shard_id: str, table: pa.Table) -> None:
         self.index = index
         self.rows = table.num_rows
+        table = _same_chunks(table)
         self.kinds: dict[str, Kind] = {}
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, list[Any]] = {}
+        lengths = [len(c) for c in table.column(0).chunks] if table.num_columns else [self.rows]
+        self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         for name in table.column_names:
             chunks = [
                 c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
                 for c in table.column(name).chunks
             ]
-            typ = chunks[0].type if chunks else table.schema.field(name).type
-            chunks = chunks or [pa.array([], typ)]
-            kind = kind_of(typ)
+            kind = kind_of(chunks[0].type if chunks else table.schema.field(name).type)
             try:
-                if ring is not None and base is not None and isinstance(kind, NumericKind):
-                    self.data[name] = ring.store(name, kind, base, chunks)
-                elif ring is not None and base is not None and isinstance(kind, ListKind):
-                    self.data[name] = ring.store_objects(name, base, kind.prepare(chunks))
-                else:
-                    self.data[name] = kind.prepare(chunks)
+                self.data[name] = [kind.prepare(c) for c in chunks]
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                 raise BadInputError(f"column {name!r} cannot be read: {e}", subject=shard_id) from e
             self.kinds[name] = kind
@@ -161,25 +94,177 @@ class DecodedShard:
                     hint="select columns so the names do not clash",
                 )
 
+    def subset(self, rows: np.ndarray) -> DecodedShard:
+        """A copy holding only ``rows`` (sorted, distinct), so the rest can be let go."""
+        if self.kept is not None:
+            raise RuntimeError("a subset of a subset")
+        groups = [(0, rows)]  # when none is needed: an empty chunk of the same types
+        if len(rows):
+            chunk = np.searchsorted(self.bounds, rows, "right") - 1
+            cuts = [0, *(np.flatnonzero(chunk[1:] != chunk[:-1]) + 1).tolist(), len(rows)]
+            groups = [(int(chunk[a]), rows[a:b] - self.bounds[chunk[a]]) for a, b in itertools.pairwise(cuts)]
+        out = object.__new__(DecodedShard)
+        out.index, out.rows, out.kinds, out.kept = self.index, len(rows), self.kinds, rows
+        out.bounds = np.array([0, len(rows)], dtype=np.int64)
+        out.data = {
+            name: [kind.subset([(self.data[name][c], local) for c, local in groups])]
+            for name, kind in self.kinds.items()
+        }
+        return out
 
-def pieces(shards: Mapping[int, DecodedShard], rows: Rows) -> tuple[dict[str, Kind], Pieces]:
-    """The kinds and the pieces (one per column) of the records addressed by ``rows``.
+    def local(self, rows: np.ndarray) -> np.ndarray:
+        """Where records ``rows`` (of the whole shard) are in this one."""
+        if self.kept is None:
+            return rows
+        local = np.searchsorted(self.kept, rows)
+        if len(rows) and (local.max() >= len(self.kept) or not np.array_equal(self.kept[local], rows)):
+            raise RuntimeError(f"shard {self.index} was cut to fewer records than the reader needs")
+        return local
 
-    ``shards`` holds every shard ``rows`` refers to, keyed by plan index; for a gather,
-    consecutive indices starting at its smallest key (a window's shards are).
+
+def _same_chunks(table: pa.Table) -> pa.Table:
+    """``table`` with every column cut at the same rows and no empty chunk (slices, no copy)."""
+    if table.num_columns == 0 or table.num_rows == 0:
+        return table
+    first = [len(c) for c in table.column(0).chunks]
+    if 0 not in first and all([len(c) for c in col.chunks] == first for col in table.columns[1:]):
+        return table
+    batches = [b for b in table.to_batches() if b.num_rows]
+    return pa.Table.from_batches(batches, schema=table.schema)
+
+
+def slice_rows(shard: DecodedShard, start: int, stop: int) -> tuple[dict[str, Kind], Pieces]:
+    """The kinds and the pieces of rows ``[start, stop)`` of ``shard``, in order."""
+    bounds = shard.bounds
+    c = int(np.searchsorted(bounds, start, "right")) - 1
+    spans = []
+    while start < stop:
+        end = min(stop, int(bounds[c + 1]))
+        spans.append((c, start - int(bounds[c]), end - int(bounds[c])))
+        start, c = end, c + 1
+    pieces = {}
+    for name, kind in shard.kinds.items():
+        data = shard.data[name]
+        pieces[name] = kind.concat([kind.slice(data[c], a, b) for c, a, b in spans])
+    return shard.kinds, pieces
+
+
+class GatheredRows:
+    """Rows of consecutive positions, gathered from many chunks into one block per column.
+
+    ``add`` the records of the next positions (``(shard, row)`` addresses in the shards
+    of one window), in order, until ``rows`` positions are in; then ``take(start,
+    stop)`` gives the pieces of positions ``[start, stop)``. Within an ``add`` the
+    records are copied chunk by chunk (one call per chunk and column), so the block is
+    in chunk order; ``where`` maps each position to its row of the block. ``spare``
+    holds the blocks of an earlier instance, reused when they fit.
     """
-    which, where = rows
-    if isinstance(which, int):
-        shard = shards[which]
-        return shard.kinds, {n: k.take(shard.data[n], where) for n, k in shard.kinds.items()}
-    first = min(shards)
-    group = [shards[i] for i in range(first, first + len(shards))]
-    local = which - first if first else which
-    kinds = group[0].kinds
-    try:
-        return kinds, {n: k.gather([s.data[n] for s in group], local, where) for n, k in kinds.items()}
-    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise BadInputError(f"shards of one version disagree on their columns: {e}", subject="columns") from e
+
+    def __init__(self, rows: int, spare: Mapping[str, Any] | None = None) -> None:
+        self.rows = rows
+        self.kinds: dict[str, Kind] | None = None
+        self.blocks: dict[str, Any] = {}
+        self.where = np.empty(rows, dtype=np.int64)
+        self._filled = 0
+        self._spare = spare or {}
+
+    def add(self, shards: Mapping[int, DecodedShard], which: int | np.ndarray, rows: np.ndarray) -> None:
+        """Gather the records at ``rows`` of shards ``which`` (plan indices, keys of ``shards``)."""
+        n = len(rows)
+        if n == 0:
+            return
+        groups, order = _by_chunk(shards, which, rows)
+        if self.kinds is None:
+            shard, c, _ = groups[0]
+            self.kinds = shard.kinds
+            self.blocks = {
+                name: kind.new_block(self.rows, shard.data[name][c], self._spare.get(name))
+                for name, kind in shard.kinds.items()
+            }
+            self._spare = {}
+        kinds = self.kinds
+        at = self._filled
+        checked: set[int] = set()
+        try:
+            for shard, c, local in groups:
+                if shard.index not in checked:
+                    _check_same_columns(kinds, shard)
+                    checked.add(shard.index)
+                for name, kind in kinds.items():
+                    self.blocks[name] = kind.fill(self.blocks[name], at, shard.data[name][c], local)
+                at += len(local)
+        except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
+        base = self._filled
+        if order is None:
+            self.where[base : base + n] = np.arange(base, base + n)
+        else:
+            self.where[base + order] = np.arange(base, base + n)
+        self._filled += n
+
+    def finish(self) -> GatheredRows:
+        """Close the blocks once every position is in (returns self)."""
+        if self._filled != self.rows:
+            raise RuntimeError(f"gathered {self._filled} of {self.rows} rows")
+        if self.kinds is not None:
+            self.blocks = {name: kind.finish(self.blocks[name]) for name, kind in self.kinds.items()}
+        return self
+
+    def take(self, start: int, stop: int) -> tuple[dict[str, Kind], Pieces]:
+        """The kinds and the pieces of positions ``[start, stop)`` (copies: blocks are reused)."""
+        assert self.kinds is not None
+        rows = self.where[start:stop]
+        return self.kinds, {name: kind.select(self.blocks[name], rows) for name, kind in self.kinds.items()}
+
+
+def _check_same_columns(kinds: dict[str, Kind], shard: DecodedShard) -> None:
+    if shard.kinds is kinds:
+        return
+    if shard.kinds.keys() != kinds.keys() or any(
+        type(shard.kinds[n]) is not type(k) for n, k in kinds.items()
+    ):
+        raise BadInputError(
+            f"{_DISAGREE}: {sorted(shard.kinds)} vs {sorted(kinds)}",
+            subject="columns",
+            hint="every shard of a version must have the same columns and types",
+        )
+
+
+def _by_chunk(
+    shards: Mapping[int, DecodedShard], which: int | np.ndarray, rows: np.ndarray
+) -> tuple[list[tuple[DecodedShard, int, np.ndarray]], np.ndarray | None]:
+    """Addresses grouped by chunk: ``(shard, chunk, rows in the chunk)`` per group, in
+    chunk order, and the positions sorted the same way (None: they already are)."""
+    if isinstance(which, (int, np.integer)):
+        members = [shards[int(which)]]
+        offsets = np.zeros(1, dtype=np.int64)
+        rows = members[0].local(rows)
+        where = rows
+    else:
+        first = int(which.min())
+        members = [shards[i] for i in range(first, int(which.max()) + 1)]
+        if any(s.kept is not None for s in members):
+            rows = rows.copy()
+            for s in members:
+                if s.kept is not None:
+                    mask = which == s.index
+                    rows[mask] = s.local(rows[mask])
+        offsets = np.cumsum([0] + [s.rows for s in members[:-1]], dtype=np.int64)
+        where = offsets[which - first] + rows
+    if len(members) == 1 and len(members[0].bounds) == 2:
+        return [(members[0], 0, rows)], None
+    starts = np.concatenate([s.bounds[:-1] + off for s, off in zip(members, offsets)])
+    owner = [(s, c) for s in members for c in range(len(s.bounds) - 1)]
+    chunk = np.searchsorted(starts, where, "right") - 1
+    local = where - starts[chunk]
+    order = np.argsort(chunk, kind="stable")
+    ordered = chunk[order]
+    cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(order)]
+    groups = []
+    for a, b in itertools.pairwise(cuts):
+        shard, c = owner[int(ordered[a])]
+        groups.append((shard, c, local[order[a:b]]))
+    return groups, order
 
 
 def _join(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
@@ -188,11 +273,11 @@ def _join(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
     try:
         return {name: kind.concat([p[name] for p in parts]) for name, kind in kinds.items()}
     except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise BadInputError(f"shards of one version disagree on their columns: {e}", subject="columns") from e
+        raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
 
 
 def batch_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> dict[str, Any]:
-    """A batch dict (tensors, lists) from the pieces of consecutive windows."""
+    """A batch dict (tensors, lists) from consecutive pieces."""
     joined = _join(kinds, parts)
     out: dict[str, Any] = {}
     for name, kind in kinds.items():
@@ -201,7 +286,7 @@ def batch_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> dict[s
 
 
 def samples_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> list[dict[str, Any]]:
-    """One dict per row from the pieces of consecutive windows."""
+    """One dict per row from consecutive pieces."""
     joined = _join(kinds, parts)
     names = list(kinds)
     values = [kinds[n].emit_samples(joined[n]) for n in names]

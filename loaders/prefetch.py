@@ -8,9 +8,10 @@ decodes the next ``depth`` shards on a few threads (Arrow's decompression releas
 GIL), and releases a shard as soon as the reader's windows have moved past it.
 
 Memory stays bounded: the shards of the window in use (``shuffle_window`` of them) plus
-``depth`` shards ahead. Threads are daemons, made per iteration and stopped when it
-ends; none exists while a dataset is idle, so forking DataLoader workers never copies a
-running thread.
+``depth`` shards ahead; a reader may swap a held shard for the part it still needs
+(:meth:`ShardPrefetcher.replace`). Threads are daemons, made per iteration and stopped
+when it ends; none exists while a dataset is idle, so forking DataLoader workers never
+copies a running thread, and an idle thread holds no shard.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ class _DaemonPool:
             if item is None:
                 return
             future, fn = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as e:
-                future.set_exception(e)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:
+                    future.set_exception(e)
+            # an idle thread must not keep its last shard alive (memory is bounded by the reader)
+            del item, future, fn
 
     def close(self) -> None:
         if self._closed:
@@ -114,31 +116,23 @@ def needed_shards(plan: EpochPlan, windows: Iterator[int]) -> Iterator[int]:
 
 
 class ShardPrefetcher:
-    """Decoded shards of ``order``, read ``depth`` ahead of the ones in use (see module docstring).
-
-    ``reserve(i)`` runs in order on the consumer's thread when shard ``i`` is scheduled,
-    ``load(i, token)`` on a reader thread, and ``release(token)`` in the same order once
-    the shard is no longer needed (after its load finished).
-    """
+    """Decoded shards of ``order`` (``load(i)`` on reader threads), read ``depth`` ahead
+    of the ones in use (see module docstring)."""
 
     def __init__(
         self,
-        load: Callable[[int, Any], DecodedShard],
+        load: Callable[[int], DecodedShard],
         order: Iterator[int],
         *,
         depth: int,
         threads: int,
         announce: Callable[[Sequence[int]], None] | None = None,
-        reserve: Callable[[int], Any] | None = None,
-        release: Callable[[Any], None] | None = None,
     ) -> None:
         self._load = load
         self._order = order
         self._depth = max(0, depth)
-        self._reserve = reserve
-        self._release = release
         self._pool = _DaemonPool(max(1, threads), "tierdata-read")
-        self._futures: OrderedDict[int, tuple[Future[DecodedShard], Any]] = OrderedDict()
+        self._futures: OrderedDict[int, Future[DecodedShard]] = OrderedDict()
         self._last = -1
         self._held: tuple[range, dict[int, DecodedShard]] | None = None
         if announce is not None:
@@ -151,29 +145,34 @@ class ShardPrefetcher:
             i = next(self._order, None)
             if i is None:
                 return
-            token = self._reserve(i) if self._reserve is not None else None
-            future = self._pool.submit(lambda i=i, token=token: self._load(i, token))
-            self._futures[i] = (future, token)
+            self._futures[i] = self._pool.submit(lambda i=i: self._load(i))
             self._last = i
 
-    def _drop_oldest(self) -> None:
-        _, (future, token) = self._futures.popitem(last=False)
-        if self._release is not None:
-            future.add_done_callback(lambda _f, token=token: self._release(token))
+    def acquire(self, needed: range, *, read_ahead: bool = True) -> dict[int, DecodedShard]:
+        """The decoded shards ``needed`` (blocking until read); shards before them are released.
 
-    def acquire(self, needed: range) -> dict[int, DecodedShard]:
-        """The decoded shards ``needed`` (blocking until read); shards before them are released."""
-        if self._held is not None and self._held[0] == needed:
-            return self._held[1]
-        self._held = None
-        while self._futures and next(iter(self._futures)) < needed.start:
-            self._drop_oldest()
-        # what is needed now first, so the first batch does not wait behind read-ahead
-        self._schedule_through(needed.stop - 1)
-        shards = {i: self._futures[i][0].result() for i in needed if i in self._futures}
-        self._schedule_through(needed.stop - 1 + self._depth)
-        self._held = (needed, shards)
-        return shards
+        The next ``depth`` shards are scheduled too, unless ``read_ahead`` is false (a
+        later call for the same shards schedules them).
+        """
+        if self._held is None or self._held[0] != needed:
+            self._held = None
+            while self._futures and next(iter(self._futures)) < needed.start:
+                self._futures.popitem(last=False)
+            # what is needed now first, so the first batch does not wait behind read-ahead
+            self._schedule_through(needed.stop - 1)
+            self._held = (needed, {i: self._futures[i].result() for i in needed if i in self._futures})
+        if read_ahead:
+            self._schedule_through(needed.stop - 1 + self._depth)
+        return self._held[1]
+
+    def replace(self, index: int, shard: DecodedShard) -> None:
+        """Hold ``shard`` instead of the decoded shard ``index`` (read already), from now on."""
+        if index in self._futures:
+            done: Future[DecodedShard] = Future()
+            done.set_result(shard)
+            self._futures[index] = done
+        if self._held is not None and index in self._held[1]:
+            self._held[1][index] = shard
 
     def close(self) -> None:
         """Stop the threads; reads in progress finish and are dropped."""

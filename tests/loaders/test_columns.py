@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import numpy as np
 import pyarrow as pa
@@ -12,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders import ArrowFileSource, StreamingDataset
-from loaders.columns import NumericKind, kind_of
-from loaders.decoded import SlotRing
+from loaders.decoded import DecodedShard, GatheredRows, batch_from_pieces, slice_rows
 
 
 @pytest.fixture
@@ -81,55 +81,97 @@ def test_shuffled_batches_gather_the_same_values(typed_source):
     assert rows == {1: ([[1, 2], [3, 4]], 1), -2: ([[5, 6], [7, 8]], 0), 3: ([[9, 10], [11, 12]], 3)}
 
 
-def test_batches_own_their_memory_and_never_pin_a_shard():
-    kind = kind_of(pa.int64())
-    assert isinstance(kind, NumericKind)
-    data = kind.prepare(
-        [pa.array(np.arange(10, dtype=np.int64)), pa.array(np.arange(10, 20, dtype=np.int64))]
+def _shard(index: int, values: list[int], cuts: list[int]) -> DecodedShard:
+    """A decoded shard of columns derived from ``values``, its record batches cut at ``cuts``."""
+    table = pa.table(
+        {
+            "x": pa.array(values, pa.int64()),
+            "pair": pa.array([[v, -v] for v in values], pa.list_(pa.int16(), 2)),
+            "word": pa.array([f"w{v}" for v in values]),
+            "var": pa.array([list(range(v % 3)) for v in values], pa.list_(pa.int32())),
+        }
     )
+    bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(values))), len(values)]
+    batches = [b for a, z in itertools.pairwise(bounds) for b in table.slice(a, z - a).to_batches()]
+    return DecodedShard(index, f"s{index}", pa.Table.from_batches(batches))
+
+
+def test_batches_own_their_memory_and_never_pin_a_shard():
+    shard = _shard(0, list(range(20)), [10])
+    assert shard.bounds.tolist() == [0, 10, 20]
+    kinds, piece = slice_rows(shard, 2, 5)
     out: dict = {}
-    kind.emit("x", kind.take(data, slice(2, 5)), out)
+    kinds["x"].emit("x", piece["x"], out)
     tensor = out["x"]
     assert tensor.tolist() == [2, 3, 4]
     assert tensor.untyped_storage().nbytes() == 3 * 8, "a slice must not share the shard's storage"
     tensor += 1  # writable, and the shard is unchanged
-    assert kind.take(data, slice(2, 3)).tolist() == [2]
-    assert kind.take(data, slice(8, 13)).tolist() == [8, 9, 10, 11, 12]
-    assert kind.take(data, np.array([15, 1, 19])).tolist() == [15, 1, 19]
-    other = kind.prepare([pa.array(np.arange(100, 110, dtype=np.int64))])
-    kind.emit("x", kind.gather([data, other], np.array([1, 0, 1, 0]), np.array([3, 15, 0, 1])), out)
-    assert out["x"].tolist() == [103, 15, 100, 1]
-    strings = kind_of(pa.string())
-    a, b = strings.prepare([pa.array(["a", "b"])]), strings.prepare([pa.array(["c", "d"])])
-    assert strings.gather([a, b], np.array([1, 0, 0, 1]), np.array([1, 1, 0, 0])) == ["d", "b", "a", "c"]
+    assert slice_rows(shard, 2, 3)[1]["x"].tolist() == [2]
+    assert slice_rows(shard, 8, 13)[1]["x"].tolist() == [8, 9, 10, 11, 12]
+    assert slice_rows(shard, 8, 13)[1]["word"] == ["w8", "w9", "w10", "w11", "w12"]
+    other = _shard(1, list(range(100, 110)), [])
+    gathered = GatheredRows(4)
+    gathered.add({0: shard, 1: other}, np.array([1, 0, 1, 0]), np.array([3, 15, 0, 1]))
+    kinds, piece = gathered.finish().take(0, 4)
+    batch = batch_from_pieces(kinds, [piece])
+    assert batch["x"].tolist() == [103, 15, 100, 1] and batch["word"] == ["w103", "w15", "w100", "w1"]
+    # the blocks are reused by the next group: what was handed out must not change
+    again = GatheredRows(4, gathered.blocks)
+    again.add({0: shard}, 0, np.array([5, 6, 7, 8]))
+    assert again.finish().take(0, 4)[1]["x"].tolist() == [5, 6, 7, 8]
+    assert batch["x"].tolist() == [103, 15, 100, 1] and batch["word"] == ["w103", "w15", "w100", "w1"]
 
 
-@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30), held=st.integers(1, 5))
+def test_a_subset_of_a_shard_keeps_its_records_and_refuses_others():
+    shard = _shard(3, list(range(100, 130)), [7, 20])
+    part = shard.subset(np.array([1, 8, 9, 25]))
+    assert part.index == 3 and part.rows == 4 and part.bounds.tolist() == [0, 4]
+    gathered = GatheredRows(3)
+    gathered.add({3: part}, 3, np.array([25, 1, 9]))
+    kinds, piece = gathered.finish().take(0, 3)
+    batch = batch_from_pieces(kinds, [piece])
+    assert batch["x"].tolist() == [125, 101, 109] and batch["word"] == ["w125", "w101", "w109"]
+    assert batch["pair"].tolist() == [[125, -125], [101, -101], [109, -109]]
+    with pytest.raises(RuntimeError, match="fewer records"):
+        part.local(np.array([2]))
+    assert shard.subset(np.array([], dtype=np.int64)).rows == 0
+
+
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(1, 29), max_size=6),
+    data=st.data(),
+)
 @settings(max_examples=100, deadline=None)
-def test_slot_ring_reservations_never_overlap(sizes, held):
-    """Reserve in order, keep at most ``held`` alive, release in order: live rows never overlap."""
-    ring = SlotRing(sum(sorted(sizes, reverse=True)[:held]) + max(sizes))
-    live = []
-    for n in sizes:
-        if len(live) == held:
-            ring.release(live.pop(0)[0])
-        base = ring.reserve(n)
-        assert base is not None, "a ring sized for the shards held at once must fit the next one"
-        assert base >= 0 and base + n <= ring.capacity
-        for b, m in live:
-            assert base + n <= b or b + m <= base, "two live shards share rows"
-        live.append((base, n))
-
-
-def test_slot_ring_stores_columns_of_several_shards_for_one_gather():
-    ring = SlotRing(10)
-    kind = kind_of(pa.list_(pa.int16(), 2))
-    a = ring.store("x", kind, ring.reserve(3), [pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int16(), 2))])
-    b = ring.store("x", kind, ring.reserve(2), [pa.array([[7, 8]], pa.list_(pa.int16(), 2))] * 2)
-    assert a.array is b.array
-    assert kind.gather([a, b], np.array([1, 0, 0]), np.array([1, 2, 0])).tolist() == [[7, 8], [5, 6], [1, 2]]
-    words = kind_of(pa.string())
-    s1 = ring.store_objects("w", 0, ["a", "b", "c"])
-    s2 = ring.store_objects("w", 3, ["d", "e"])
-    assert words.gather([s1, s2], np.array([1, 0]), np.array([1, 2])) == ["e", "c"]
-    assert words.take(s2, slice(0, 2)) == ["d", "e"]
+def test_gathered_rows_are_the_addressed_records_in_order(sizes, cuts, data):
+    """Whatever the chunking and however the positions are split into adds and takes."""
+    shards, start = {}, 0
+    for i, n in enumerate(sizes):
+        shards[i] = _shard(i, list(range(start, start + n)), cuts)
+        start += n
+    firsts = np.cumsum([0, *sizes[:-1]])
+    n = data.draw(st.integers(1, 60))
+    which = np.array(data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=n, max_size=n)))
+    rows = np.array([data.draw(st.integers(0, sizes[w] - 1)) for w in which.tolist()])
+    expect = (firsts[which] + rows).tolist()
+    gathered = GatheredRows(n)
+    cut_points = sorted(set([*data.draw(st.lists(st.integers(1, n), max_size=3)), n]))
+    lo = 0
+    for hi in cut_points:
+        if data.draw(st.booleans()) and len(set(which[lo:hi].tolist())) == 1:
+            gathered.add(shards, int(which[lo]), rows[lo:hi])
+        else:
+            gathered.add(shards, which[lo:hi], rows[lo:hi])
+        lo = hi
+    gathered.finish()
+    got, at = [], 0
+    while at < n:
+        end = min(n, at + data.draw(st.integers(1, n)))
+        kinds, piece = gathered.take(at, end)
+        batch = batch_from_pieces(kinds, [piece])
+        assert batch["pair"].tolist() == [[v, -v] for v in batch["x"].tolist()]
+        assert batch["word"] == [f"w{v}" for v in batch["x"].tolist()]
+        assert batch["var_lengths"].tolist() == [v % 3 for v in batch["x"].tolist()]
+        got += batch["x"].tolist()
+        at = end
+    assert got == expect

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cachetier.errors import BadInputError, UsageError
 from loaders import ArrowFileSource, StreamingDataset
+from loaders.decoded import DecodedShard
 from tests.loaders._shards import IpcShardSource
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -100,6 +101,29 @@ def test_ranks_from_the_environment_are_disjoint_and_equal(source, total_records
         monkeypatch.setenv("WORLD_SIZE", str(world))
         per_rank.append(ids_of(StreamingDataset(source, shuffle=True, batch_size=8)))
     assert len({len(r) for r in per_rank}) == 1
+    flat = [i for r in per_rank for i in r]
+    assert len(flat) == len(set(flat)) == total_records - total_records % world
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_a_rank_keeps_only_its_part_of_a_shard_in_its_last_window(source, total_records, window, monkeypatch):
+    """With several readers, each copies out the few records it still needs of a window's
+    oldest shard and lets the decoded shard go; nothing is lost or repeated."""
+    kept = []
+    subset = DecodedShard.subset
+
+    def recording(self, rows):
+        kept.append((len(rows), self.rows))
+        return subset(self, rows)
+
+    monkeypatch.setattr(DecodedShard, "subset", recording)
+    world = 3
+    per_rank = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        per_rank.append(ids_of(StreamingDataset(source, shuffle=True, batch_size=4, shuffle_window=window)))
+    assert kept and all(n <= 0.4 * rows for n, rows in kept)
     flat = [i for r in per_rank for i in r]
     assert len(flat) == len(set(flat)) == total_records - total_records % world
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
 
 import loaders
 from cachetier.errors import BadInputError, UsageError
-from loaders import World
+from loaders import World, lead
+from loaders.lead import Lead
 
 
 def test_ranks_come_from_the_environment_when_torch_distributed_is_off():
@@ -59,3 +61,22 @@ def test_a_repository_or_url_is_opened_through_the_datastore(source, monkeypatch
     monkeypatch.setitem(sys.modules, "datastore", types.SimpleNamespace())
     with pytest.raises(UsageError, match="ShardSource"):
         loaders.StreamingDataset("./data-repo")
+
+
+def test_other_workers_wait_for_worker_0_but_never_for_long(monkeypatch):
+    monkeypatch.setattr(lead, "_LEAD_WAIT_S", 0.3)
+    turns = [1, 0]  # iteration 1 started; worker 0 has no batch yet
+    follower = Lead.of(turns, World(worker=1, num_workers=2))
+    assert follower is not None and Lead.of(turns, World()) is None
+    started = time.monotonic()
+    follower.wait()  # worker 0 never signals: the wait is bounded
+    assert 0.25 < time.monotonic() - started < 10
+    leader = Lead.of(turns, World(worker=0, num_workers=2))
+    assert leader is not None
+    leader.wait()  # worker 0 never waits
+    leader.done()
+    assert turns == [1, 1]
+    monkeypatch.setattr(lead, "_LEAD_WAIT_S", 60)
+    started = time.monotonic()
+    follower.wait()  # worker 0 has its batch: no wait
+    assert time.monotonic() - started < 10

@@ -1,0 +1,146 @@
+"""The rows of a reader's batches, taken from the decoded shards of the windows they touch.
+
+A reader's batches are *spans* of the epoch's order (``(first position, length)``,
+see :mod:`loaders.partition`); their records live in the shards the plan names
+(:mod:`loaders.plan`), which the prefetcher (:mod:`loaders.prefetch`) holds decoded.
+
+- **No shuffle**: a span is a few runs of consecutive rows of one or two shards; each
+  batch slices them (:func:`loaders.decoded.slice_rows`).
+- **Shuffle**: a span's records are scattered over the chunks of a window's shards.
+  The records of a few spans at a time are gathered into blocks
+  (:class:`loaders.decoded.GatheredRows`, one call per chunk and column), and each
+  batch takes its rows from the blocks. The first group is one span, so the first
+  batch waits for nothing else; groups then double up to ``_PIECE_ROWS`` records.
+
+When a reader enters a window, the oldest shard of that window is in its last window.
+If the reader needs only a small part of it there (the other readers, ranks and
+DataLoader workers, take the rest), that part is copied out and the decoded shard let
+go (:meth:`loaders.decoded.DecodedShard.subset`): a reader then holds about
+``shuffle_window - 1 + prefetch`` whole shards instead of ``shuffle_window + prefetch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from loaders.columns import Kind
+from loaders.decoded import GatheredRows, slice_rows
+from loaders.plan import EpochPlan
+from loaders.prefetch import ShardPrefetcher
+
+__all__ = ["batch_rows"]
+
+#: Records gathered at once: the per-chunk calls are paid once per group of this many.
+_PIECE_ROWS = 2048
+#: Copy out the oldest shard of a window when the reader needs at most this share of it.
+_SUBSET_SHARE = 0.4
+
+#: A span's column kinds, its pieces (one per run of rows) and its length.
+Parts = tuple[dict[str, Kind], list[dict[str, Any]], int]
+Spans = Sequence[tuple[int, int]]
+
+
+def batch_rows(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
+    """For each span, in order: the kinds and the pieces of its records, and its length."""
+    if plan.shuffle:
+        return _gathered(plan, shards, spans)
+    return _in_order(plan, shards, spans)
+
+
+def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
+    first = True  # nothing is read ahead before the first batch: it has the cores to itself
+    for pos, n in spans:
+        kinds: dict[str, Kind] = {}
+        parts = []
+        for w, lo, hi in plan.segments(pos, pos + n):
+            which, rows = plan.window_rows(w, lo, hi)
+            assert isinstance(which, int) and isinstance(rows, slice)
+            held = shards.acquire(plan.window_shards(w), read_ahead=not first)
+            kinds, piece = slice_rows(held[which], rows.start, rows.stop)
+            parts.append(piece)
+        first = False
+        yield kinds, parts, n
+
+
+def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
+    target, spare, entered, later = 1, None, -1, None
+    i = 0
+    while i < len(spans):
+        if later is not None:
+            _let_go_of_oldest(plan, shards, *later)
+            later = None
+        first, group, rows = i, [], 0
+        while i < len(spans) and (rows < target or not group):
+            group.append(spans[i])
+            rows += group[-1][1]
+            i += 1
+        target = min(2 * rows, _PIECE_ROWS)
+        gathered = GatheredRows(rows, spare)
+        window, segments = -1, []
+        for s, (pos, n) in enumerate(group, first):
+            for w, lo, hi in plan.segments(pos, pos + n):
+                if w != window and segments:
+                    gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
+                    segments = []
+                if w > entered:
+                    if entered >= 0:
+                        _let_go_of_oldest(plan, shards, w, spans, s)
+                    else:  # after the first batch, which must not wait for a copy
+                        later = (w, spans, s)
+                    entered = w
+                window = w
+                segments.append((lo, hi))
+        # nothing is read ahead before the first batch: it has the cores to itself
+        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
+        gathered.finish()
+        at = 0
+        for _, n in group:
+            kinds, piece = gathered.take(at, at + n)
+            at += n
+            yield kinds, [piece], n
+        spare = gathered.blocks
+
+
+def _window_rows(
+    plan: EpochPlan,
+    shards: ShardPrefetcher,
+    w: int,
+    segments: list[tuple[int, int]],
+    read_ahead: bool = True,
+) -> tuple[dict[int, Any], int | np.ndarray, np.ndarray]:
+    """The held shards of window ``w`` and the addresses of its positions ``segments`` (window-relative)."""
+    held = shards.acquire(plan.window_shards(w), read_ahead=read_ahead)
+    parts = [plan.window_rows(w, lo, hi) for lo, hi in segments]
+    rows = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+    first = parts[0][0]
+    if isinstance(first, int):
+        return held, first, rows  # type: ignore[return-value]
+    which = first if len(parts) == 1 else np.concatenate([p[0] for p in parts])
+    return held, which, rows  # type: ignore[return-value]
+
+
+def _let_go_of_oldest(plan: EpochPlan, shards: ShardPrefetcher, w: int, spans: Spans, s: int) -> None:
+    """If window ``w`` is the last one of its oldest shard, keep only the records of that
+    shard that spans ``s, s+1, ...`` need there (when they are few)."""
+    oldest = w - plan.k + 1
+    if oldest < 0 or plan.k == 1:
+        return
+    start, stop = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
+    segments = []
+    for pos, n in spans[s:]:
+        if pos >= stop:
+            break
+        lo, hi = max(pos, start), min(pos + n, stop)
+        if hi > lo:
+            segments.append((lo - start, hi - start))
+    # before reading ahead: the next shard must not be read while this one is still whole
+    held, which, rows = _window_rows(plan, shards, w, segments, read_ahead=False)
+    shard = held.get(oldest)
+    if shard is None or shard.kept is not None:
+        return
+    keep = np.unique(rows[which == oldest])
+    if len(keep) <= _SUBSET_SHARE * shard.rows:
+        shards.replace(oldest, shard.subset(keep))
