@@ -36,7 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loader.measure import MemorySampler, code_state, cpu_seconds, median, spawn
+from benchmarks.loader.measure import MemorySampler, code_state, cpu_seconds, median, spawn, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORK = ROOT / "benchmarks" / "_work" / "loader"
@@ -275,18 +275,15 @@ def main() -> None:
         return
     code_at_start = code_state()
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    code = {"at_start": code_at_start, "at_end": code_state()}
-    if code["at_start"] != code["at_end"]:
-        print("warning: the loader stack's sources changed during the run", file=sys.stderr)
-    (out / "loader.json").write_text(
-        json.dumps({"args": vars(args), "code": code, "results": results}, indent=1)
+    write_results(
+        Path(args.out),
+        "loader",
+        args,
+        results,
+        code_at_start,
+        lambda: _table(results, args),
+        lambda path: _plot(results, path),
     )
-    table = _table(results, args)
-    (out / "loader.md").write_text(table)
-    _plot(results, out / "loader.png")
-    print(table)
 
 
 if __name__ == "__main__":

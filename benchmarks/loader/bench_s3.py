@@ -49,6 +49,7 @@ from benchmarks.loader.measure import (
     disk_bytes,
     median,
     spawn,
+    write_results,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,18 +333,15 @@ def main_s3(args: argparse.Namespace) -> None:
     """Run the cold benchmark and write ``loader-s3.{json,md,png}``."""
     code_at_start = code_state()
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    code = {"at_start": code_at_start, "at_end": code_state()}
-    if code["at_start"] != code["at_end"]:
-        print("warning: the loader stack's sources changed during the run", file=sys.stderr)
-    (out / "loader-s3.json").write_text(
-        json.dumps({"args": vars(args), "code": code, "results": results}, indent=1)
+    write_results(
+        Path(args.out),
+        "loader-s3",
+        args,
+        results,
+        code_at_start,
+        lambda: table(results, args),
+        lambda path: plot(results, path),
     )
-    text = table(results, args)
-    (out / "loader-s3.md").write_text(text)
-    plot(results, out / "loader-s3.png")
-    print(text)
 
 
 def main() -> None:

@@ -377,20 +377,8 @@ class WebDataset(Candidate):
         (out / "done").write_text("1")
 
     def make(self, cfg: RunConfig) -> Any:
-        import webdataset as wds
 
-        urls = [str(p) for p in sorted(self.data_dir(cfg).glob("shard-*.tar"))]
-        ds = wds.WebDataset(
-            urls,
-            shardshuffle=len(urls) if cfg.shuffle else False,
-            seed=cfg.seed,
-            workersplitter=wds.split_by_worker,
-            empty_check=False,
-        )
-        if cfg.shuffle:
-            ds = ds.shuffle(1000)
-        ds = ds.decode().to_tuple("id.cls", "tokens.npy", "txt").batched(cfg.batch_size)
-        return wds.WebLoader(ds, batch_size=None, num_workers=cfg.num_workers)
+        return webdataset_loader([str(p) for p in sorted(self.data_dir(cfg).glob("shard-*.tar"))], cfg)
 
     def state(self, loader: Any, delivered: int) -> Any:
         return {"skip": delivered}
@@ -408,3 +396,20 @@ def _fingerprint(cfg: RunConfig) -> str:
 CANDIDATES: dict[str, Candidate] = {
     c.name: c for c in (Limit(), Tierdata(), TierdataRepo(), LitData(), MosaicMDS(), WebDataset())
 }
+
+
+def webdataset_loader(urls: list[str], cfg: RunConfig) -> Any:
+    """The WebDataset pipeline both benchmarks use: shard shuffle, a 1000-sample buffer, batches."""
+    import webdataset as wds
+
+    ds = wds.WebDataset(
+        urls,
+        shardshuffle=len(urls) if cfg.shuffle else False,
+        seed=cfg.seed,
+        workersplitter=wds.split_by_worker,
+        empty_check=False,
+    )
+    if cfg.shuffle:
+        ds = ds.shuffle(1000)
+    ds = ds.decode().to_tuple("id.cls", "tokens.npy", "txt").batched(cfg.batch_size)
+    return wds.WebLoader(ds, batch_size=None, num_workers=cfg.num_workers)

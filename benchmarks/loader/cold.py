@@ -33,6 +33,7 @@ from benchmarks.loader.candidates import (
     RunConfig,
     _as_is,
     import_streaming,
+    webdataset_loader,
     write_parquet,
 )
 from benchmarks.loader.data import TOKENS
@@ -302,24 +303,12 @@ class ColdWebDataset(ColdCandidate):
         _upload_folder(cfg.bucket, "wds", folder, sorted(p.name for p in folder.glob("shard-*.tar")))
 
     def make(self, cfg: ColdConfig) -> Any:
-        import webdataset as wds
-
         client = minio_client()
         urls = [
             client.presigned_get_object(cfg.bucket, key, expires=timedelta(hours=2))
             for key in _keys(cfg.bucket, "wds")
         ]
-        ds = wds.WebDataset(
-            urls,
-            shardshuffle=len(urls) if cfg.shuffle else False,
-            seed=cfg.seed,
-            workersplitter=wds.split_by_worker,
-            empty_check=False,
-        )
-        if cfg.shuffle:
-            ds = ds.shuffle(1000)
-        ds = ds.decode().to_tuple("id.cls", "tokens.npy", "txt").batched(cfg.batch_size)
-        return wds.WebLoader(ds, batch_size=None, num_workers=cfg.num_workers)
+        return webdataset_loader(urls, cfg)
 
 
 COLD: dict[str, ColdCandidate] = {

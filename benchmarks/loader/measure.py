@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +162,30 @@ def code_state() -> dict[str, str]:
         for path in sorted((ROOT / package).rglob("*.py")):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return {"commit": head, "sources": digest.hexdigest()[:16]}
+
+
+def write_results(
+    out: Path,
+    stem: str,
+    args: Any,
+    results: Any,
+    code_at_start: dict[str, str],
+    table: Callable[[], str],
+    plot: Callable[[Path], None],
+) -> None:
+    """Write ``stem.{json,md,png}`` under ``out`` and print the table.
+
+    The JSON records the code state at the start and now; a warning goes to stderr
+    when they differ (the code under test changed during the run).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    code = {"at_start": code_at_start, "at_end": code_state()}
+    if code["at_start"] != code["at_end"]:
+        print("warning: the loader stack's sources changed during the run", file=sys.stderr)
+    (out / f"{stem}.json").write_text(
+        json.dumps({"args": vars(args), "code": code, "results": results}, indent=1)
+    )
+    text = table()
+    (out / f"{stem}.md").write_text(text)
+    plot(out / f"{stem}.png")
+    print(text)
