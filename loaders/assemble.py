@@ -112,8 +112,9 @@ def _window_rows(
     read_ahead: bool = True,
 ) -> tuple[dict[int, Any], int | np.ndarray, np.ndarray]:
     """The held shards of window ``w`` and the addresses of its positions ``segments`` (window-relative)."""
-    held = shards.acquire(plan.window_shards(w), read_ahead=read_ahead)
+    shards.schedule(plan.window_shards(w))  # the addresses are computed while the shards are read
     parts = [plan.window_rows(w, lo, hi) for lo, hi in segments]
+    held = shards.acquire(plan.window_shards(w), read_ahead=read_ahead)
     rows = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
     first = parts[0][0]
     if isinstance(first, int):

@@ -148,6 +148,10 @@ class ShardPrefetcher:
             self._futures[i] = self._pool.submit(lambda i=i: self._load(i))
             self._last = i
 
+    def schedule(self, needed: range) -> None:
+        """Start reading ``needed`` (and what comes before it) without waiting."""
+        self._schedule_through(needed.stop - 1)
+
     def acquire(self, needed: range, *, read_ahead: bool = True) -> dict[int, DecodedShard]:
         """The decoded shards ``needed`` (blocking until read); shards before them are released.
 
