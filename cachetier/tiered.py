@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from cachetier.config import CacheConfig
@@ -49,6 +50,7 @@ from cachetier.errors import (
     StoreUnavailableError,
     UsageError,
 )
+from cachetier.flight import FlightLocks
 from cachetier.hashing import BytesLike, content_hash
 from cachetier.health import TIER_ERRORS, TierHealth
 from cachetier.hints import HintBoard, Prefetcher
@@ -139,6 +141,8 @@ class TieredStore:
             usable=lambda: self._shared_stats is not None and self._usable("ssd"),
             on_error=lambda: self._count_error("ssd"),
         )
+        #: one process fills a miss while the others on the node wait for it
+        self.flights = _flight_locks(config) if self.ram is not None or self.ssd is not None else None
         self._prefetch_decode: tuple[Decoder, str] | None = None
         self._refused: dict[tuple[str, str], int] = {}
         self._closed = False
@@ -155,18 +159,26 @@ class TieredStore:
         it is not cached and the object store is unreachable.
         """
         self._begin_read(oid, reader)
-        view = self._from_ram(oid)
-        if view is None:
-            data = self._from_ssd(oid, None)
-            if data is not None:
-                self._offer("ram", oid, data, promotion=True)  # the SSD copy stays
-            else:
-                data = self._fetch(oid)
-                if not self._offer("ram", oid, data):  # what RAM takes reaches SSD when demoted
-                    self._offer("ssd", oid, data)
-            view = memoryview(data)
+        view = self._from_ram(oid, count=False)
+        if view is not None:
+            self._count_hit("ram", view.nbytes)
+        else:
+            with self._filling(oid):
+                view = self._from_ram(oid)  # another process may have filled it meanwhile
+                if view is None:
+                    view = memoryview(self._fill_raw(oid))
         self._end_read(oid)
         return view.toreadonly()
+
+    def _fill_raw(self, oid: str) -> bytes:
+        data = self._from_ssd(oid, None)
+        if data is not None:
+            self._offer("ram", oid, data, promotion=True)  # the SSD copy stays
+        else:
+            data = self._fetch(oid)
+            if not self._offer("ram", oid, data):  # what RAM takes reaches SSD when demoted
+                self._offer("ssd", oid, data)
+        return data
 
     def get(self, oid: str, *, reader: str | None = None) -> bytes:
         """Return the verified bytes of object ``oid`` (a copy on a RAM hit)."""
@@ -185,22 +197,34 @@ class TieredStore:
         self._begin_read(oid, reader)
         key = decoded_key(oid, kind)
         view = self._from_ram(key, count=False)
-        if view is not None:
-            self._count_hit("ram", view.nbytes)
+        if view is None:
+            with self._filling(oid):
+                view = self._from_ram(key, count=False)  # filled by another process meanwhile?
+                if view is None:
+                    view = memoryview(self._fill_decoded(oid, key, decode))
+                else:
+                    self._count_hit("ram", view.nbytes)
         else:
-            raw = self._from_ram(oid)
-            if raw is not None:
-                decoded = decode(raw)
-            else:
-                decoded = self._from_ssd(oid, decode)
-                if decoded is None:
-                    data = self._fetch(oid)
-                    self._offer("ssd", oid, data)
-                    decoded = decode(memoryview(data))
-            self._offer("ram", key, decoded)
-            view = memoryview(decoded)
+            self._count_hit("ram", view.nbytes)
         self._end_read(oid)
         return view.toreadonly()
+
+    def _fill_decoded(self, oid: str, key: str, decode: Decoder) -> Any:
+        raw = self._from_ram(oid)
+        if raw is not None:
+            decoded = decode(raw)
+        else:
+            decoded = self._from_ssd(oid, decode)
+            if decoded is None:
+                data = self._fetch(oid)
+                self._offer("ssd", oid, data)
+                decoded = decode(memoryview(data))
+        self._offer("ram", key, decoded)
+        return decoded
+
+    def _filling(self, oid: str) -> AbstractContextManager[None]:
+        """Single-flight for filling ``oid`` (raw or decoded) across threads and processes."""
+        return self.flights.hold(oid) if self.flights is not None else nullcontext()
 
     def contains(self, oid: str) -> list[str]:
         """The tiers that hold ``oid`` now (``"ram"``, ``"ssd"``), fastest first."""
@@ -404,12 +428,15 @@ class TieredStore:
         key = decoded_key(oid, kind) if decode else oid
         if self.ram is None or not self._usable("ram") or self.ram.exists(key):
             return
-        value = self._from_ssd(oid, decode)
-        if value is None:
-            data = self._fetch(oid)
-            self._offer("ssd", oid, data, skip=1)  # worth keeping only for the read after the next
-            value = decode(memoryview(data)) if decode else data
-        self._offer("ram", key, value)
+        with self._filling(oid):
+            if self.ram.exists(key):  # another process filled it meanwhile
+                return
+            value = self._from_ssd(oid, decode)
+            if value is None:
+                data = self._fetch(oid)
+                self._offer("ssd", oid, data, skip=1)  # worth keeping only for the read after the next
+                value = decode(memoryview(data)) if decode else data
+            self._offer("ram", key, value)
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -583,6 +610,8 @@ class TieredStore:
             self.prefetcher.close()
         self.publisher.close()
         self.hints.close()
+        if self.flights is not None:
+            self.flights.close()
         self._closed = True
         if self._env is not None:
             self._env.close()
@@ -610,3 +639,9 @@ def _make_policy(policy: str | PlacementPolicy, config: CacheConfig) -> Placemen
     if policy == "freq-hint":
         return get_policy(policy, protect=float(config.prefetch_depth))
     return get_policy(policy)
+
+
+def _flight_locks(config: CacheConfig) -> FlightLocks:
+    """The node's fill locks: next to the RAM tier when there is one, else the SSD tier."""
+    folder = config.resolved_ram_dir if config.ram_bytes else config.lmdb_dir
+    return FlightLocks(folder / "flight.lock")
