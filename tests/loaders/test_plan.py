@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -101,3 +103,64 @@ def test_segments_split_ranges_at_window_bounds():
 def test_bad_window_is_refused():
     with pytest.raises(BadInputError, match="shuffle_window"):
         make_plan("ver", _shards([1]), seed=0, epoch=0, shuffle=True, window=0)
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=12), min_size=0, max_size=30),
+    weights=st.lists(st.integers(min_value=0, max_value=50), min_size=30, max_size=30),
+    min_group=st.integers(0, 120),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=80, deadline=None)
+def test_grouped_windows_cover_every_record_once_and_retire_each_shard_once(
+    sizes, weights, min_group, window, seed
+):
+    weights = weights[: len(sizes)]
+    plan = make_plan(
+        "ver",
+        _shards(sizes),
+        seed=seed,
+        epoch=0,
+        shuffle=True,
+        window=window,
+        weights=weights,
+        min_group=min_group,
+    )
+    records = _records(plan)  # also checks each window's rows lie in its shards
+    assert sorted(records) == sorted((f"s{i}", r) for i, n in enumerate(sizes) for r in range(n))
+    by_id = {f"s{i}": w for i, w in enumerate(weights)}
+    bounds = plan.groups.tolist()
+    for g, (lo, hi) in enumerate(pairwise(bounds)):
+        group_weight = [by_id[plan.shard_ids[i]] for i in range(lo, hi)]
+        if g < len(bounds) - 2:  # all but the last reach min_group, and need their last shard for it
+            assert sum(group_weight) >= min_group
+            assert hi - lo == 1 or sum(group_weight[:-1]) < min_group
+    retired = [i for w in range(plan.num_windows) for i in plan.retired_after(w)]
+    assert sorted(retired) == list(range(len(plan.shard_ids)))
+    for w in range(plan.num_windows):
+        later = {i for v in range(w + 1, plan.num_windows) for i in plan.window_shards(v)}
+        assert not later & set(plan.retired_after(w))
+
+
+def test_groups_of_small_shards_mix_as_many_records_as_big_shards_do():
+    shards = _shards([5] * 400)
+    plain = make_plan("ver", shards, seed=0, epoch=0, shuffle=True, window=2)
+    grouped = make_plan("ver", shards, seed=0, epoch=0, shuffle=True, window=2, min_group=200)
+    assert len(grouped.groups) - 1 == 10  # 40 shards of 5 records per group
+
+    def shards_per_window(plan) -> int:
+        records = _records(plan)
+        w = plan.num_windows // 2
+        lo, hi = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
+        return len({s for s, _ in records[lo:hi]})
+
+    assert shards_per_window(plain) == 2
+    assert shards_per_window(grouped) >= 60  # records of both groups' 80 shards
+
+
+def test_groups_of_one_shard_keep_the_order_of_shard_windows():
+    shards = _shards([30, 10, 25, 40])
+    plain = make_plan("ver", shards, seed=4, epoch=2, shuffle=True, window=3)
+    singles = make_plan("ver", shards, seed=4, epoch=2, shuffle=True, window=3, min_group=5)
+    assert _records(plain) == _records(singles)
