@@ -50,6 +50,8 @@ class RepoShardSource:
         self.shards: list[tuple[str, int]] = list(
             zip(table.hashes(), (int(n) for n in table.records), strict=True)
         )
+        #: decoded bytes of each shard (the loader groups small shards for its shuffle)
+        self.shard_bytes: list[int] = table.uncompressed_bytes.tolist()
         self.cache = cache
         self._reader: str | None = None
         self._lock = threading.Lock()

@@ -350,6 +350,11 @@ class ShardTable(Sequence[ShardEntry]):
         return self._records
 
     @property
+    def uncompressed_bytes(self) -> np.ndarray:
+        """Decoded (uncompressed) bytes per shard (read-only int64 array)."""
+        return self._uncompressed
+
+    @property
     def first_records(self) -> np.ndarray:
         """Global index of each shard's first record (read-only int64 array)."""
         return self._first
