@@ -46,6 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from loaders.source import loader_memory_pool
+
 __all__ = ["Kind", "ListKind", "NumericKind", "RaggedKind", "kind_of", "lengths_key"]
 
 
@@ -170,23 +172,27 @@ class RaggedKind(Kind):
         return data.slice(start, stop - start)
 
     def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
-        return pieces[0] if len(pieces) == 1 else pa.concat_arrays(list(pieces))
+        return (
+            pieces[0]
+            if len(pieces) == 1
+            else pa.concat_arrays(list(pieces), memory_pool=loader_memory_pool())
+        )
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        return self.concat([data.take(_indices(rows)) for data, rows in parts])
+        return self.concat([_take(data, rows) for data, rows in parts])
 
     def new_block(self, rows: int, like: pa.Array, spare: Any = None) -> list[pa.Array]:
         return []
 
     def fill(self, block: list[pa.Array], at: int, data: pa.Array, rows: np.ndarray) -> list[pa.Array]:
-        block.append(data.take(_indices(rows)))
+        block.append(_take(data, rows))
         return block
 
     def finish(self, block: list[pa.Array]) -> pa.Array:
         return self.concat(block)
 
     def select(self, block: pa.Array, rows: np.ndarray) -> pa.Array:
-        return block.take(_indices(rows))
+        return _take(block, rows)
 
     def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = piece.offsets.to_numpy()
@@ -227,8 +233,8 @@ class ListKind(Kind):
         return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        taken = [data.take(_indices(rows)) for data, rows in parts]
-        return taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
+        taken = [_take(data, rows) for data, rows in parts]
+        return taken[0] if len(taken) == 1 else pa.concat_arrays(taken, memory_pool=loader_memory_pool())
 
     def new_block(self, rows: int, like: pa.Array, spare: np.ndarray | None = None) -> np.ndarray:
         if spare is not None and len(spare) >= rows:
@@ -236,7 +242,7 @@ class ListKind(Kind):
         return np.empty(rows, dtype=object)
 
     def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
-        values = data.take(_indices(rows)).to_pylist()
+        values = _take(data, rows).to_pylist()
         # fromiter keeps list values as objects (assigning a list of lists would broadcast)
         block[at : at + len(values)] = np.fromiter(values, dtype=object, count=len(values))
         return block
@@ -309,6 +315,11 @@ def _indices(rows: np.ndarray) -> pa.Array:
     """Row numbers as an Arrow array, without a copy (``pa.array`` would also import numpy.ma)."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+
+
+def _take(data: pa.Array, rows: np.ndarray) -> pa.Array:
+    """Rows ``rows`` of ``data`` (a copy, from the loader's pool)."""
+    return pc.take(data, _indices(rows), memory_pool=loader_memory_pool())
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:

@@ -35,7 +35,7 @@ from loaders.lead import Lead
 from loaders.partition import Partition
 from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
-from loaders.source import ShardSource, open_source
+from loaders.source import ShardSource, open_source, use_loader_memory_pool
 from loaders.state import LoaderState, WorkerProgress
 from loaders.world import World
 
@@ -310,6 +310,8 @@ class StreamingDataset(IterableDataset):
     # -- iteration --------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        if get_worker_info() is not None:  # a DataLoader worker: whatever the source allocates
+            use_loader_memory_pool()
         spec = self._next_spec()
         world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
         plan = make_plan(

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from cachetier.errors import BadInputError, NotFoundError
 from cachetier.hashing import hasher
+from loaders.source import loader_memory_pool
 
 __all__ = ["ArrowFileSource"]
 
@@ -82,7 +83,7 @@ class ArrowFileSource:
                 )
             indices = [names.index(n) for n in wanted]
             options = pa.ipc.IpcReadOptions(included_fields=indices)
-            reader = pa.ipc.open_file(f, options=options)
+            reader = pa.ipc.open_file(f, options=options, memory_pool=loader_memory_pool())
             table = reader.read_all()
         return table.select(wanted) if table.column_names != wanted else table
 

@@ -1,0 +1,63 @@
+"""The loader's Arrow memory pool: decoded shards and gathered copies come from it, and
+DataLoader workers (not the training process) make it their default pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
+from loaders.columns import ListKind, RaggedKind
+from loaders.source import loader_memory_pool
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def test_the_pool_is_jemalloc_where_pyarrow_has_it():
+    expected = (
+        "jemalloc" if "jemalloc" in pa.supported_memory_backends() else pa.default_memory_pool().backend_name
+    )
+    assert loader_memory_pool().backend_name == expected
+    assert loader_memory_pool() is loader_memory_pool()
+
+
+def test_a_shard_file_is_decoded_into_the_loader_pool(shard_folder):
+    source = ArrowFileSource.from_dir(shard_folder, "shard-*.arrow")
+    pool = loader_memory_pool()
+    before = pool.bytes_allocated()
+    table = source.read_shard(source.shards[1][0])
+    tokens = table.column("tokens").combine_chunks().flatten()
+    held = pool.bytes_allocated() - before
+    # the decompressed buffers are in the pool (an id and 4 int32 tokens per record at least)
+    assert held >= table.num_rows * (8 + 4 * 4)
+    del table, tokens
+    assert pool.bytes_allocated() - before < held
+
+
+def test_gathered_strings_and_lists_are_copied_into_the_loader_pool():
+    pool = loader_memory_pool()
+    texts = pa.array([f"record-{i}" * 50 for i in range(1000)])
+    lists = pa.array([list(range(i % 50)) for i in range(1000)], pa.list_(pa.int32()))
+    rows = np.arange(0, 1000, 2)
+    before = pool.bytes_allocated()
+    kept = [ListKind().subset([(texts, rows)]), RaggedKind(np.dtype(np.int32)).subset([(lists, rows)])]
+    assert pool.bytes_allocated() - before >= kept[0].nbytes // 2 + kept[1].nbytes // 2
+    assert kept[0].to_pylist() == texts.take(pa.array(rows)).to_pylist()
+    assert kept[1].to_pylist() == lists.take(pa.array(rows)).to_pylist()
+
+
+def _tag_pool(batch):
+    """A transform that records which default Arrow pool the process reading it has."""
+    batch["pool"] = pa.default_memory_pool().backend_name
+    return batch
+
+
+def test_workers_use_the_loader_pool_by_default_and_the_training_process_keeps_its_own(source):
+    mine = pa.default_memory_pool().backend_name
+    ds = StreamingDataset(source, batch_size=16, transform=_tag_pool)
+    in_process = {b["pool"] for b in StreamingDataLoader(ds, num_workers=0)}
+    in_workers = {b["pool"] for b in StreamingDataLoader(ds, num_workers=2)}
+    assert in_process == {mine}
+    assert in_workers == {loader_memory_pool().backend_name}
+    assert pa.default_memory_pool().backend_name == mine
