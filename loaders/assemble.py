@@ -124,10 +124,10 @@ def _window_rows(
 
 
 def _let_go_of_oldest(plan: EpochPlan, shards: ShardPrefetcher, w: int, spans: Spans, s: int) -> None:
-    """If window ``w`` is the last one of its oldest shard, keep only the records of that
-    shard that spans ``s, s+1, ...`` need there (when they are few)."""
-    oldest = w - plan.k + 1
-    if oldest < 0 or plan.k == 1:
+    """For each shard that window ``w`` is the last to read, keep only its records that
+    spans ``s, s+1, ...`` need there (when they are few)."""
+    retiring = plan.retired_after(w)
+    if not retiring or plan.k == 1:
         return
     start, stop = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
     segments = []
@@ -139,9 +139,10 @@ def _let_go_of_oldest(plan: EpochPlan, shards: ShardPrefetcher, w: int, spans: S
             segments.append((lo - start, hi - start))
     # before reading ahead: the next shard must not be read while this one is still whole
     held, which, rows = _window_rows(plan, shards, w, segments, read_ahead=False)
-    shard = held.get(oldest)
-    if shard is None or shard.kept is not None:
-        return
-    keep = np.unique(rows[which == oldest])
-    if len(keep) <= _SUBSET_SHARE * shard.rows:
-        shards.replace(oldest, shard.subset(keep))
+    for oldest in retiring:
+        shard = held.get(oldest)
+        if shard is None or shard.kept is not None:
+            continue
+        keep = np.unique(rows[which == oldest])
+        if len(keep) <= _SUBSET_SHARE * shard.rows:
+            shards.replace(oldest, shard.subset(keep))

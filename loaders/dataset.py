@@ -28,6 +28,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from cachetier.config import parse_size
 from cachetier.errors import BadInputError, UsageError
 from loaders.assemble import batch_rows
 from loaders.decoded import DecodedShard, batch_from_pieces, samples_from_pieces, select_columns
@@ -41,6 +42,8 @@ from loaders.world import World
 
 __all__ = ["StreamingDataset"]
 
+#: decoded bytes a shuffle group of small shards reaches (a typical shard is a group alone)
+DEFAULT_SHUFFLE_GROUP = 8 << 20
 _READ_THREADS = 4  # shard reads in flight per reader: hides object-store latency
 
 
@@ -95,20 +98,25 @@ class StreamingDataset(IterableDataset):
 
     - ``columns``: the columns to read (default: all but hidden ``__`` columns).
     - ``shuffle`` / ``seed``: shuffle shards, then records within a window sliding over
-      ``shuffle_window`` shards (:mod:`loaders.plan`); the order is a pure function of
-      (version, seed, epoch). A wider window mixes more shards per batch but holds more
-      decoded shards, and a resume must decode a whole window (read in parallel) before
-      its first batch, where the fresh start ramps up from one shard: 2 keeps a resume
-      close to a fresh start; 4 or more suits data whose shards are internally correlated.
+      ``shuffle_window`` groups of shards (:mod:`loaders.plan`); the order is a pure
+      function of (version, seed, epoch). A wider window mixes more groups per batch but
+      holds more decoded shards, and a resume must decode a whole window (read in
+      parallel) before its first batch, where the fresh start ramps up from one group: 2
+      keeps a resume close to a fresh start; 4 or more suits data whose shards are
+      internally correlated. Shards are grouped when the source knows their decoded
+      sizes (a repository does): consecutive shards (in the shuffled order) form a group
+      of at least ``shuffle_group`` decoded bytes (an int or a size such as ``"32MiB"``),
+      so a dataset of small shards mixes as many records per window as one of big
+      shards; a shard of that size or more is a group of its own.
     - ``batch_size``: yield dicts of tensors built column-wise (see :mod:`loaders.columns`);
       ``drop_last`` drops each rank's short last batch. Without it, yield one dict per
       sample (let the DataLoader batch them).
     - ``transform``: applied to every yielded item (a sample, or a batch in batch mode);
       it must return one item per input.
     - ``prefetch``: shards decoded ahead of those in use (memory per reader: at most
-      ``shuffle_window + prefetch`` decoded shards, ``1 + prefetch`` without shuffle;
-      with several readers, ranks or workers, ``shuffle_window - 1 + prefetch`` and a
-      small part of one, see :mod:`loaders.assemble`).
+      ``shuffle_window + prefetch`` decoded groups, ``1 + prefetch`` shards without
+      shuffle; with several readers, ranks or workers, ``shuffle_window - 1 + prefetch``
+      and a small part of one, see :mod:`loaders.assemble`).
 
     Promises: per epoch every record is yielded at most once over all ranks, every rank
     yields the same count, and with one rank every record exactly once.
@@ -127,6 +135,7 @@ class StreamingDataset(IterableDataset):
         transform: Callable[[Any], Any] | None = None,
         cache: Any = None,
         shuffle_window: int = 2,
+        shuffle_group: int | str = DEFAULT_SHUFFLE_GROUP,
         prefetch: int = 1,
     ) -> None:
         super().__init__()
@@ -155,6 +164,9 @@ class StreamingDataset(IterableDataset):
         self.drop_last = bool(drop_last)
         self.transform = transform
         self.shuffle_window = int(shuffle_window)
+        self.shuffle_group = parse_size(shuffle_group, name="shuffle_group")
+        sizes = getattr(self.source, "shard_bytes", None)
+        self._shard_bytes = tuple(int(b) for b in sizes) if sizes is not None else None
         self.prefetch = max(0, int(prefetch))
         self._epoch = 0
         self._explicit_epoch = False
@@ -192,6 +204,8 @@ class StreamingDataset(IterableDataset):
             epoch=self.epoch if epoch is None else epoch,
             shuffle=self.shuffle,
             window=self.shuffle_window,
+            weights=self._shard_bytes,
+            min_group=self.shuffle_group if self._shard_bytes is not None else 0,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -207,6 +221,7 @@ class StreamingDataset(IterableDataset):
             records=self.records,
             shuffle=self.shuffle,
             window=self.shuffle_window,
+            group=self.shuffle_group,
         )
         self._resume = parsed
         self._epoch = parsed.epoch
@@ -223,6 +238,7 @@ class StreamingDataset(IterableDataset):
             shuffle=self.shuffle,
             window=self.shuffle_window,
             worker=worker,
+            group=self.shuffle_group,
         )
 
     def _current_state(self) -> LoaderState:
@@ -314,14 +330,7 @@ class StreamingDataset(IterableDataset):
             use_loader_memory_pool()
         spec = self._next_spec()
         world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
-        plan = make_plan(
-            self.version_id,
-            self._shards,
-            seed=self.seed,
-            epoch=spec.epoch,
-            shuffle=self.shuffle,
-            window=self.shuffle_window,
-        )
+        plan = self.plan(spec.epoch)
         part = Partition(spec.start, plan.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
         skip = _worker_skip(spec, world)
         chunks = part.worker_chunks(world.worker, world.num_workers, skip)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cachetier.config import CacheConfig
+from cachetier.errors import UsageError
 from datastore import Repo
 from loaders import StreamingDataLoader, StreamingDataset
 
@@ -59,3 +60,60 @@ def test_resume_against_the_repository_in_a_new_dataset(repo_path, tmp_path):
     resumed.load_state_dict(state)
     after = [i for batch in resumed for i in batch["id"].tolist()]
     assert sorted(before + after) == list(range(RECORDS))
+
+
+def _shard_of_id(ds: StreamingDataset) -> dict[int, int]:
+    """Ingest keeps record order, so ids run through the shards in version order."""
+    owner, first = {}, 0
+    for s, (_, n) in enumerate(ds.source.shards):
+        owner.update((i, s) for i in range(first, first + n))
+        first += n
+    return owner
+
+
+def test_small_shards_are_grouped_so_a_shuffled_batch_mixes_many_of_them(repo_path, tmp_path):
+    def shards_per_batch(**options) -> list[int]:
+        ds = StreamingDataset(
+            str(repo_path), cache=_cache(tmp_path), shuffle=True, batch_size=64, drop_last=True, **options
+        )
+        owner = _shard_of_id(ds)
+        return [len({owner[i] for i in batch["id"].tolist()}) for batch in ds]
+
+    shards = len(StreamingDataset(str(repo_path), cache=_cache(tmp_path)).source.shards)
+    assert shards >= 6
+    assert max(shards_per_batch(shuffle_group=0)) <= 4  # windows of two shards: a batch spans a few
+    assert min(shards_per_batch()) >= shards - 2  # one group of every small shard: each batch mixes all
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grouped_shuffle_streams_every_record_once_and_resumes_exactly(repo_path, tmp_path, workers):
+    def make() -> StreamingDataLoader:
+        ds = StreamingDataset(
+            str(repo_path), cache=_cache(tmp_path), shuffle=True, seed=5, batch_size=16, shuffle_group="40KB"
+        )
+        return StreamingDataLoader(ds, num_workers=workers)
+
+    plan = make().dataset.plan()
+    assert 2 < len(plan.groups) - 1 < len(plan.shard_ids), "the test needs several groups of several shards"
+    whole = [i for batch in make() for i in batch["id"].tolist()]
+    assert sorted(whole) == list(range(RECORDS))
+    loader = make()
+    it = iter(loader)
+    before = [i for _, batch in zip(range(11), it) for i in batch["id"].tolist()]
+    del it
+    state = loader.state_dict()
+    assert state["group"] == 40_000
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = [i for batch in resumed for i in batch["id"].tolist()]
+    assert before + after == whole  # the same order, nothing repeated or skipped
+
+
+def test_a_state_from_another_shuffle_group_is_refused(repo_path, tmp_path):
+    ds = StreamingDataset(
+        str(repo_path), cache=_cache(tmp_path), shuffle=True, batch_size=8, shuffle_group="40KB"
+    )
+    state = ds.state_dict()
+    other = StreamingDataset(str(repo_path), cache=_cache(tmp_path), shuffle=True, batch_size=8)
+    with pytest.raises(UsageError, match="shuffle_group=8388608"):
+        other.load_state_dict(state)
