@@ -23,7 +23,7 @@ from cachetier.packs import PACK_MEMBER_LIMIT
 from datastore.ingestindex import IngestIndex
 from datastore.shards import PendingShard, ShardInfo, ShardOptions, encode_shard
 
-__all__ = ["Uploader", "read_ahead", "store_pending"]
+__all__ = ["Uploader", "read_ahead", "store_pending", "store_pending_many"]
 
 T = TypeVar("T")
 
@@ -148,6 +148,16 @@ def store_pending(
     if index is not None and key is not None:
         index.remember_shard(key, encoded.info)
     return encoded.info
+
+
+def store_pending_many(
+    up: Uploader,
+    items: list[tuple[PendingShard | Callable[[], PendingShard], str | None]],
+    options: ShardOptions,
+    index: IngestIndex | None,
+) -> list[ShardInfo]:
+    """Store several shards in order (see :func:`store_pending`): one job for many small shards."""
+    return [store_pending(up, pending, key, options, index) for pending, key in items]
 
 
 def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import itertools
 import json
 import os
 import uuid
@@ -22,10 +23,13 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -173,7 +177,29 @@ def safe_target(root: str, relpath: str, checked_dirs: set[str] | None = None) -
             f"refusing to write outside the target folder: unsafe path {relpath!r}", subject=relpath
         )
     path = f"{root}/{relpath}"
-    parent = path.rpartition("/")[0]
+    _check_folder(root, path.rpartition("/")[0], relpath, checked_dirs)
+    return path
+
+
+# What safe_target refuses lexically, as one RE2 pattern for a whole column of paths.
+_UNSAFE_PATH = r"\\|\x00|(^|/)\.{0,2}(/|$)"
+
+
+def _safe_targets(root: str, paths: pa.ChunkedArray | pa.Array, checked_dirs: set[str]) -> list[str]:
+    """:func:`safe_target` for a column of paths: one regex over the column, one check per folder."""
+    if pc.any(pc.match_substring_regex(paths, _UNSAFE_PATH)).as_py() or paths.null_count:
+        return [safe_target(root, p, checked_dirs) for p in paths.to_pylist()]  # raises for the first
+    targets = []
+    for relpath in paths.to_pylist():
+        path = f"{root}/{relpath}"
+        parent = path.rpartition("/")[0]
+        if parent not in checked_dirs:
+            _check_folder(root, parent, relpath, checked_dirs)
+        targets.append(path)
+    return targets
+
+
+def _check_folder(root: str, parent: str, relpath: str, checked_dirs: set[str] | None) -> None:
     if checked_dirs is None or parent not in checked_dirs:
         real_root = os.path.realpath(root)
         real_parent = os.path.realpath(parent)
@@ -181,76 +207,169 @@ def safe_target(root: str, relpath: str, checked_dirs: set[str] | None = None) -
             raise BadInputError(f"refusing to write through a symlink: {relpath!r}", subject=relpath)
         if checked_dirs is not None:
             checked_dirs.add(parent)
-    return path
 
 
-_BATCH_FILES = 512
+_JOB_BYTES = 1 << 20  # stored shard bytes one files-checkout job decodes and writes
+_AHEAD_BYTES = 128 << 20  # stored shard bytes decoded and not yet written (see _Stages)
+_FILE_COLUMNS = ["path", "size", "data", "chunks"]
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
-    root = os.path.abspath(target)
-    records = written = 0
-    checked: set[str] = set()
-    made: set[str] = set()
-    with ThreadPoolExecutor(_WRITERS) as pool:
-        futures: list[Future[int]] = []
-        for table in iter_version_tables(repo, info, ["path", "size", "data", "chunks"]):
-            paths = table.column("path").to_pylist()
-            sizes = table.column("size").to_pylist()
-            values = _binary_values(table.column("data").combine_chunks())
-            chunks = table.column("chunks").combine_chunks()
+    """Write a files dataset. Shards are fetched in order and handed, a few at a time, to
+    decoding jobs (decode, check paths, make folders) and then to writing jobs (create the
+    files): one future per job and stage, not per shard or file, and the stages overlap."""
+    writer = _FilesWriter(repo, os.path.abspath(target))
+    blobs = repo.objects.get_many(repo.shard_table(info.version).hashes())
+    with (
+        ThreadPoolExecutor(_DECODERS, thread_name_prefix="tierdata-decode") as decoders,
+        ThreadPoolExecutor(_WRITERS, thread_name_prefix="tierdata-files") as writers,
+    ):
+        stages = _Stages(writer, decoders, writers)
+        try:
+            for shards, size in _jobs(blobs):
+                stages.submit(shards, size)
+            stages.drain()
+        finally:
+            stages.cancel()
+    return {"files": stages.files, "records": stages.files, "bytes": stages.written}
+
+
+class _Stages:
+    """The two stages of a files checkout, with at most ``_AHEAD_BYTES`` decoded and not written.
+
+    Decoding runs well ahead of writing on purpose, as it creates the folders: on ext4
+    without a journal, creating a file soon after a big delete scans the recently deleted
+    inodes of its block group, and folders made early, before their files, measured far
+    cheaper (20k files right after deleting 20k: 3.5 s; a quarter of this run-ahead: 4.3 s;
+    jobs of 1 MiB with 4 ahead: 6 s).
+    """
+
+    def __init__(self, writer: _FilesWriter, decoders: ThreadPoolExecutor, writers: ThreadPoolExecutor):
+        self.writer, self.decoders, self.writers = writer, decoders, writers
+        self.decoding: deque[tuple[Future[_FilesJob], int]] = deque()
+        self.writing: deque[tuple[Future[int], int]] = deque()
+        self.ahead = 0
+        self.files = self.written = 0
+
+    def submit(self, shards: list[bytes], size: int) -> None:
+        """Queue a job; wait while too much is decoded and not yet written."""
+        self.decoding.append((self.decoders.submit(self.writer.prepare, shards), size))
+        self.ahead += size
+        self._advance(wait=False)
+        while self.ahead > _AHEAD_BYTES:
+            self._advance(wait=True)
+
+    def drain(self) -> None:
+        """Wait until every job is written (raising the first error)."""
+        while self.decoding or self.writing:
+            self._advance(wait=True)
+
+    def cancel(self) -> None:
+        for future, _ in (*self.decoding, *self.writing):
+            future.cancel()
+
+    def _advance(self, *, wait: bool) -> None:
+        """Hand decoded jobs to the writers and collect written ones (oldest first), waiting
+        for the oldest unfinished one when ``wait``."""
+        while self.decoding and (self.decoding[0][0].done() or (wait and not self.writing)):
+            future, size = self.decoding.popleft()
+            job = future.result()
+            self.files += job.files
+            self.writing.append((self.writers.submit(self.writer.write, job), size))
+        while self.writing and (self.writing[0][0].done() or wait):
+            future, size = self.writing.popleft()
+            self.written += future.result()
+            self.ahead -= size
+            wait = False
+
+
+def _jobs(blobs: Iterator[tuple[str, bytes]]) -> Iterator[tuple[list[bytes], int]]:
+    """Group consecutive verified shards into jobs of about ``_JOB_BYTES``: (shards, their bytes)."""
+    job: list[bytes] = []
+    size = 0
+    for _oid, data in blobs:
+        job.append(data)
+        size += len(data)
+        if size >= _JOB_BYTES:
+            yield job, size
+            job, size = [], 0
+    if job:
+        yield job, size
+
+
+@dataclass(slots=True)
+class _FilesJob:
+    """Decoded shards, paths checked and folders made: what is left is writing the files."""
+
+    files: int = 0
+    inline: list[tuple[str, memoryview]] = field(default_factory=list)
+    chunked: list[tuple[str, list[str], int]] = field(default_factory=list)
+
+
+class _FilesWriter:
+    """Decodes files shards and writes their files below ``root``; safe in threads."""
+
+    def __init__(self, repo: Repo, root: str):
+        self.repo = repo
+        self.root = root
+        self._checked: set[str] = set()  # folders found safe (see safe_target)
+        self._made: set[str] = set()  # folders created
+
+    def prepare(self, shards: list[bytes]) -> _FilesJob:
+        """Decode the shards, check every path (a shard at a time) and create the folders."""
+        job = _FilesJob()
+        for data in shards:
+            table = read_shard(data, _FILE_COLUMNS)
             # Validate the whole shard's paths before writing any file of it.
-            targets = [safe_target(root, p, checked) for p in paths]
-            for folder in {t.rpartition("/")[0] for t in targets} - made:
+            targets = _safe_targets(self.root, table.column("path"), self._checked)
+            for folder in {t.rpartition("/")[0] for t in targets} - self._made:
                 os.makedirs(folder, exist_ok=True)
-                made.add(folder)
-            inline: list[tuple[str, memoryview]] = []
-            for i, path in enumerate(targets):
-                value = values[i]
+                self._made.add(folder)
+            values = _binary_values(table.column("data").combine_chunks())
+            for i, (path, value) in enumerate(zip(targets, values)):
                 if value is not None:
-                    inline.append((path, value))
-                    if len(inline) >= _BATCH_FILES:
-                        futures.append(pool.submit(_write_inline_batch, inline))
-                        inline = []
+                    job.inline.append((path, value))
                 else:
-                    ids = chunks[i].as_py() or []
-                    futures.append(pool.submit(_write_chunked, repo, Path(path), ids, sizes[i]))
-            if inline:
-                futures.append(pool.submit(_write_inline_batch, inline))
-            records += table.num_rows
-        for future in futures:
-            written += future.result()
-    return {"files": records, "records": records, "bytes": written}
+                    chunks = table.column("chunks")[i].as_py() or []
+                    job.chunked.append((path, chunks, table.column("size")[i].as_py()))
+            job.files += len(targets)
+        return job
+
+    def write(self, job: _FilesJob) -> int:
+        """Write the files of a prepared job; return the bytes written."""
+        written = 0
+        for path, value in job.inline:
+            written += _write_inline(path, value)
+        for path, chunks, size in job.chunked:
+            written += _write_chunked(self.repo, Path(path), chunks, size)
+        return written
 
 
 def _binary_values(array: pa.Array) -> list[memoryview | None]:
     """Zero-copy views of each value of a (large) binary array; None for nulls."""
-    import numpy as np
-
     _, offsets_buf, data_buf = array.buffers()
     dtype = np.int64 if pa.types.is_large_binary(array.type) else np.int32
     offsets = np.frombuffer(
         offsets_buf, dtype, count=len(array) + 1, offset=array.offset * np.dtype(dtype).itemsize
-    )
+    ).tolist()
     view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
-    valid = array.is_valid().to_numpy(zero_copy_only=False)
-    bounds = offsets.tolist()
-    return [view[bounds[i] : bounds[i + 1]] if valid[i] else None for i in range(len(array))]
+    if array.null_count == 0:
+        return [view[a:b] for a, b in itertools.pairwise(offsets)]
+    valid = array.is_valid().to_numpy(zero_copy_only=False).tolist()
+    return [view[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))]
 
 
-def _write_inline_batch(items: list[tuple[str, memoryview]]) -> int:
-    total = 0
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    for path, data in items:
-        fd = os.open(path, flags, 0o644)
-        try:
-            view = data
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        total += len(data)
-    return total
+def _write_inline(path: str, data: memoryview) -> int:
+    """Create (or truncate) ``path`` and write ``data``; a symlink there is not followed."""
+    fd = os.open(path, _WRITE_FLAGS, 0o644)
+    try:
+        view = data
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    return len(data)
 
 
 def _write_chunked(repo: Repo, path: Path, chunk_ids: list[str], size: int) -> int:

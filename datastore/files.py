@@ -11,13 +11,23 @@ followed (no cycles); sockets, FIFOs and devices are left out.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from cachetier.errors import BadInputError, NotFoundError
 
-__all__ = ["FILES_SCHEMA", "FileEntry", "files_batch", "is_files_schema", "read_small_file", "walk_files"]
+__all__ = [
+    "FILES_SCHEMA",
+    "FileEntry",
+    "files_batch",
+    "is_files_schema",
+    "read_file_into",
+    "read_files_into",
+    "read_small_file",
+    "walk_files",
+]
 
 FILES_SCHEMA = pa.schema(
     [
@@ -94,31 +104,65 @@ def _checked_name(rel: str, display: str) -> str:
 
 def read_small_file(entry: FileEntry, display: str) -> bytes:
     """Read a whole file; a size different from the listing means it changed under us."""
+    buf = bytearray(entry.size)
+    read_file_into(entry, display, memoryview(buf))
+    return bytes(buf)
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_file_into(entry: FileEntry, display: str, out: memoryview) -> None:
+    """Fill ``out`` (exactly ``entry.size`` bytes) with the file's bytes.
+
+    Raises BadInputError when the file vanished, is unreadable, or no longer has the
+    listed size. Plain ``os`` calls: three syscalls a file where ``open().read()`` makes eight.
+    """
+    subject = f"{display}/{entry.path}"
     try:
-        with open(entry.abspath, "rb") as f:
-            data = f.read()
+        fd = os.open(entry.abspath, _READ_FLAGS)
     except FileNotFoundError as e:
-        raise BadInputError("file vanished while being ingested", subject=f"{display}/{entry.path}") from e
+        raise BadInputError("file vanished while being ingested", subject=subject) from e
     except PermissionError as e:
-        raise BadInputError("permission denied", subject=f"{display}/{entry.path}") from e
-    if len(data) != entry.size:
-        raise BadInputError(
-            "file changed while being ingested",
-            subject=f"{display}/{entry.path}",
-            hint="run the ingest again",
-        )
-    return data
+        raise BadInputError("permission denied", subject=subject) from e
+    # One readv asks for a byte past the listed size: getting it means the file grew.
+    spare = bytearray(1)
+    want, done = len(out), 0
+    try:
+        while True:
+            n = os.readv(fd, [out[done:], spare])
+            done += n
+            if n == 0 or done >= want:
+                break
+    finally:
+        os.close(fd)
+    if done != want:
+        raise BadInputError("file changed while being ingested", subject=subject, hint="run the ingest again")
+
+
+def read_files_into(
+    entries: Sequence[FileEntry], display: str, out: memoryview, offsets: Sequence[int]
+) -> None:
+    """Read each of ``entries`` whole into ``out[offsets[i] : offsets[i] + size]``.
+
+    Errors as :func:`read_file_into`.
+    """
+    for entry, start in zip(entries, offsets):
+        read_file_into(entry, display, out[start : start + entry.size])
 
 
 def files_batch(
-    paths: list[str], sizes: list[int], data: list[bytes | None], chunks: list[list[str] | None]
+    paths: list[str],
+    sizes: list[int],
+    data: list[bytes | None] | pa.LargeBinaryArray,
+    chunks: list[list[str] | None],
 ) -> pa.RecordBatch:
-    """Build a ``files`` record batch from columns of Python values."""
+    """Build a ``files`` record batch from columns of Python values (``data`` may be an array)."""
     return pa.RecordBatch.from_arrays(
         [
             pa.array(paths, pa.string()),
             pa.array(sizes, pa.int64()),
-            pa.array(data, pa.large_binary()),
+            data if isinstance(data, pa.Array) else pa.array(data, pa.large_binary()),
             pa.array(chunks, pa.list_(pa.string())),
         ],
         schema=FILES_SCHEMA,

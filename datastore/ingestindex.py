@@ -24,11 +24,13 @@ import base64
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
+from datastore.files import FileEntry
 from datastore.shards import ShardInfo
 
 __all__ = ["RACY_NS", "FileHit", "IngestIndex"]
@@ -92,6 +94,23 @@ class IngestIndex:
         chunks = entry[5]
         return FileHit(bytes.fromhex(entry[3]), entry[4], tuple(chunks) if chunks is not None else None)
 
+    def files(self, entries: Sequence[FileEntry], scope: str) -> list[FileHit | None]:
+        """:meth:`file` for each of ``entries`` (a walk's listing), in order."""
+        if scope != self._file_scope:
+            return [None] * len(entries)
+        get = self._files.get
+        hits: list[FileHit | None] = []
+        for e in entries:
+            entry = get(e.abspath)
+            if entry is None or entry[0] != e.path or entry[1] != e.size or entry[2] != e.mtime_ns:
+                hits.append(None)
+            else:
+                chunks = entry[5]
+                hits.append(
+                    FileHit(bytes.fromhex(entry[3]), entry[4], None if chunks is None else tuple(chunks))
+                )
+        return hits
+
     def remember_file(
         self,
         abspath: str,
@@ -121,6 +140,26 @@ class IngestIndex:
             list(chunks) if chunks is not None else None,
         ]
         self.dirty = True
+
+    def remember_files(
+        self,
+        records: Sequence[tuple[FileEntry, bytes, int, tuple[str, ...] | None]],
+        scope: str,
+        *,
+        read_started_ns: int,
+    ) -> None:
+        """:meth:`remember_file` for each ``(entry, record hash, record size, chunks)``."""
+        files = self._files
+        for e, record_hash, record_size, chunks in records:
+            if e.mtime_ns >= read_started_ns - RACY_NS:
+                files.pop(e.abspath, None)
+                continue
+            if scope != self._file_scope:
+                files.clear()
+                self._file_scope = scope
+            chunk_list = list(chunks) if chunks is not None else None
+            files[e.abspath] = [e.path, e.size, e.mtime_ns, record_hash.hex(), int(record_size), chunk_list]
+            self.dirty = True
 
     def forget_files_under(self, root: str, keep: set[str]) -> None:
         """Drop entries below ``root`` that the latest walk did not see (deleted files)."""

@@ -71,6 +71,7 @@ SHARD_FORMAT = "1"
 _MIN_SHARD_SIZE = 1024
 _MAX_SHARD_SIZE = 2 << 30
 _METADATA = {b"tierdata.shard": SHARD_FORMAT.encode()}
+_READ_ALL_BELOW = 1 << 20  # read_shard opens a smaller shard once, with every column
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,7 +287,12 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
     batches = []
     for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
         columns = [_fresh(column.slice(start, end - start)) for column in table.columns]
-        columns.append(_fresh(pending.hashes.slice(start, end - start)))
+        whole = start == 0 and end == pending.records
+        columns.append(
+            pending.hashes
+            if whole and _is_exact(pending.hashes)
+            else _fresh(pending.hashes.slice(start, end - start))
+        )
         batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
     write_options = pa.ipc.IpcWriteOptions(
         compression=pa.Codec("zstd", options.compression_level), use_threads=False
@@ -306,6 +312,17 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
     )
 
 
+def _is_exact(hashes: pa.Array | pa.ChunkedArray) -> bool:
+    """True when the hashes need no copy: no nulls, no offset, a values buffer of exactly their bytes.
+
+    Such a column is written (and counted in ``uncompressed_bytes``) exactly as its copy would be.
+    """
+    if not isinstance(hashes, pa.FixedSizeBinaryArray) or hashes.offset or hashes.null_count:
+        return False
+    values = hashes.buffers()[1]
+    return values is not None and values.size == len(hashes) * hashes.type.byte_width
+
+
 def _fresh(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A copy without slice offsets or stray bytes, so equal values give equal IPC bytes."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -321,6 +338,9 @@ def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, in
         yield 0, 0
         return
     cum = np.cumsum(sizes)
+    if int(cum[-1]) <= batch_bytes:  # the common case for small shards: one batch
+        yield 0, n
+        return
     start, base = 0, 0
     while start < n:
         end = int(np.searchsorted(cum, base + batch_bytes, "left")) + 1
@@ -358,16 +378,22 @@ def write_shards(
 
 
 def read_shard(
-    data: BytesLike | pa.Buffer, columns: Sequence[str] | None = None, *, with_hidden: bool = False
+    data: BytesLike | pa.Buffer,
+    columns: Sequence[str] | None = None,
+    *,
+    with_hidden: bool = False,
+    plain: bool = False,
 ) -> pa.Table:
     """Decode a shard into a table (the one shard reader; buffers that were stored
     uncompressed are used in place). ``columns`` selects and orders columns; hidden
     columns (``__*``) are dropped unless ``with_hidden`` or named in ``columns``.
+    ``plain``: no buffer is compressed (a decoded copy), so every column is mapped in
+    place and the wanted ones selected; Arrow's column filter would copy them all.
     """
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     try:
-        schema = pa.ipc.open_file(buf).schema
-        names = schema.names
+        reader = pa.ipc.open_file(buf)
+        names = reader.schema.names
         if columns is None:
             wanted = [n for n in names if with_hidden or not n.startswith("__")]
         else:
@@ -379,8 +405,11 @@ def read_shard(
                 )
             wanted = list(columns)
         indices = sorted(names.index(c) for c in wanted)
-        reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))
-        table = reader.read_all()
+        if plain or (buf.size <= _READ_ALL_BELOW and all(n.startswith("__") or n in wanted for n in names)):
+            table = reader.read_all()  # in place, or cheaper than reopening to skip hidden columns
+        else:
+            reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))
+            table = reader.read_all()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
         raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
     if list(table.column_names) != wanted:

@@ -62,7 +62,7 @@ class RepoShardSource:
         if self.cache is None:
             return read_shard(self.repo.objects.get(shard_id), columns)
         view = self.cache.get_decoded(shard_id, decode_shard, kind=_DECODED, reader=self._reader_id())
-        return read_shard(pa.py_buffer(view), columns)
+        return read_shard(pa.py_buffer(view), columns, plain=True)
 
     def announce(self, shard_ids: Sequence[str]) -> None:
         """Tell the cache the order of the coming reads (prefetch and protection)."""

@@ -27,6 +27,7 @@ from datastore.shards import (
     read_shard_schema,
     write_shards,
 )
+from datastore.source import decode_shard
 from datastore.sources import read_table
 
 SMALL = ShardOptions(shard_size=4096)
@@ -101,6 +102,17 @@ def test_read_shard_columns_and_hidden_hash() -> None:
     with pytest.raises(IntegrityError):
         read_shard(shard.data[: len(shard.data) // 2])
     assert shard.records == 50 and shard.bytes == len(shard.data) and shard.uncompressed_bytes > 0
+
+
+def test_a_decoded_shard_is_read_in_place() -> None:
+    table = pa.table({"a": np.arange(300_000), "b": np.arange(300_000) * 2})
+    (shard,) = write_shards(table.to_batches(), ShardOptions())
+    plain = pa.py_buffer(decode_shard(shard.data))
+    before = pa.total_allocated_bytes()
+    picked = read_shard(plain, ["b"], plain=True)
+    assert pa.total_allocated_bytes() == before  # views of the decoded buffer, no copy
+    assert picked.column_names == ["b"] and picked.column("b").equals(table.column("b"))
+    assert read_shard(plain).equals(table)
 
 
 # ---------------------------------------------------------------- determinism
