@@ -209,14 +209,14 @@ def main() -> None:
     server = None if args.no_s3 else start_s3_server()
     s3 = server.endpoint if server else None
     runs: dict[str, list[dict[str, Any]]] = {"tierdata": [], "dvc": []}
+    # absolute: the tools run in folders of their own
+    bench_tmp = os.path.abspath(os.environ["BENCH_TMP"]) if os.environ.get("BENCH_TMP") else None
     try:
         for i in range(args.runs):
             for tool in ("tierdata", "dvc"):
                 if tool == "dvc" and args.no_dvc:
                     continue
-                with tempfile.TemporaryDirectory(
-                    prefix=f"bench-{tool}-", dir=os.environ.get("BENCH_TMP")
-                ) as tmp:
+                with tempfile.TemporaryDirectory(prefix=f"bench-{tool}-", dir=bench_tmp) as tmp:
                     work = Path(tmp)
                     small, big = work / "src-small", work / "src-big.bin"
                     make_small_files(small, args.files, seed=i)
