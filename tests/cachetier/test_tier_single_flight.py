@@ -68,20 +68,24 @@ def _wait_for_lines(path: Path, n: int, timeout: float = 60.0) -> list[str]:
     raise AssertionError(f"{path} never got {n} lines")
 
 
+def _reader_args(tmp_path: Path, oid: str, make_config: Callable[..., CacheConfig]) -> dict:
+    """READER's arguments: its decode log is ``decodes.log``, its start signal ``go``."""
+    config = make_config(ram_bytes=4 << 20, ssd_bytes=4 << 20)
+    return {
+        "repo": str(tmp_path / "repo"),
+        "oid": oid,
+        "config": config.to_dict(),
+        "log": str(tmp_path / "decodes.log"),
+        "go": str(tmp_path / "go"),
+    }
+
+
 def test_processes_missing_at_once_fetch_and_decode_once(
     tmp_path: Path, objects: ObjectStore, put_blobs: Callable[..., list[str]], make_config
 ) -> None:
     (oid,) = put_blobs([300_000])
-    config: CacheConfig = make_config(ram_bytes=4 << 20, ssd_bytes=4 << 20)
-    log, go = tmp_path / "decodes.log", tmp_path / "go"
-    args = {
-        "repo": str(tmp_path / "repo"),
-        "oid": oid,
-        "config": config.to_dict(),
-        "log": str(log),
-        "go": str(go),
-        "decode_s": 0.5,
-    }
+    args = _reader_args(tmp_path, oid, make_config) | {"decode_s": 0.5}
+    log, go = Path(args["log"]), Path(args["go"])
     procs = [_start(args) for _ in range(3)]
     time.sleep(1.0)  # let every process import and open the cache before the start signal
     go.touch()
@@ -98,16 +102,9 @@ def test_a_filler_killed_mid_fill_does_not_block_the_others(
     tmp_path: Path, objects: ObjectStore, put_blobs: Callable[..., list[str]], make_config
 ) -> None:
     (oid,) = put_blobs([100_000])
-    config: CacheConfig = make_config(ram_bytes=4 << 20, ssd_bytes=4 << 20)
-    log, go = tmp_path / "decodes.log", tmp_path / "go"
-    go.touch()
-    args = {
-        "repo": str(tmp_path / "repo"),
-        "oid": oid,
-        "config": config.to_dict(),
-        "log": str(log),
-        "go": str(go),
-    }
+    args = _reader_args(tmp_path, oid, make_config)
+    log = Path(args["log"])
+    Path(args["go"]).touch()
     stuck = _start(args | {"decode_s": 600})
     (stuck_pid,) = _wait_for_lines(log, 1)  # it holds the fill lock, decoding
     waiter = _start(args | {"decode_s": 0})
