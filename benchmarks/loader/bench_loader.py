@@ -36,7 +36,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loader.measure import MemorySampler, code_state, cpu_seconds, median, spawn, write_results
+from benchmarks.loader.measure import (
+    MemorySampler,
+    code_state,
+    cpu_seconds,
+    median,
+    pyplot,
+    spawn,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORK = ROOT / "benchmarks" / "_work" / "loader"
@@ -227,12 +235,8 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     labels = [f"{r['loader']}\nw{r['workers']} {'shuf' if r['shuffle'] else 'seq'}" for r in results]
     fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.9), 4))

@@ -48,6 +48,7 @@ from benchmarks.loader.measure import (
     cpu_seconds,
     disk_bytes,
     median,
+    pyplot,
     spawn,
     write_results,
 )
@@ -293,12 +294,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 def plot(results: list[dict[str, Any]], path: Path) -> bool:
     """samples/s and local disk per loader, side by side (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     names = [r["loader"] for r in results]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))

@@ -118,6 +118,18 @@ class DiskSampler:
         return self._sample()
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and its waited-for children (DataLoader workers)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
