@@ -59,6 +59,7 @@ from cachetier._frame import HEADER_SIZE, frame_header, open_frame, payload_matc
 from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
 from cachetier.hashing import BytesLike
 from cachetier.metrics import TierCounters
+from cachetier.pages import drop_view
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["LmdbTier", "Resident", "SharedEnv"]
@@ -347,7 +348,10 @@ class LmdbTier(Store):
                 return None
             payload = open_frame(frame, verify=self.verify)
             if payload is not None:
-                return use(payload)
+                try:
+                    return use(payload)
+                finally:
+                    drop_view(frame)  # read once: the value's pages need not stay in our RSS
         self.counters.corrupt += 1
         self.delete(key)
         return None
@@ -364,6 +368,7 @@ class LmdbTier(Store):
             if frame is None:
                 return None
             header, payload = bytes(frame[:HEADER_SIZE]), bytes(frame[HEADER_SIZE:])
+            drop_view(frame)
         if not self.verify or payload_matches(header, payload):
             return payload
         self.counters.corrupt += 1

@@ -46,6 +46,7 @@ from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
 from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
 from cachetier.metrics import TierCounters
+from cachetier.pages import drop_mapping
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["RamTier"]
@@ -111,6 +112,7 @@ class RamTier(Store):
             if len(self._verified) >= _VERIFIED_MAX:
                 self._verified.clear()
             self._verified[path.name] = identity
+            drop_mapping(mapped)  # the check read every page; the reader maps back what it uses
         return payload
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:

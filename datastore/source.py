@@ -6,7 +6,9 @@ depends on the version id, never on a moving branch) and returns a
 tier keeps shards *decoded* (the Arrow IPC file with its buffers decompressed), so a hot
 read is a zero-copy view with no fetch and no decompression; the SSD tier keeps the
 stored bytes. ``announce`` passes the loader's future read order to the cache, which
-prefetches and protects those shards.
+prefetches and protects those shards. ``drop_pages`` lets the loader unmap the pages of a
+RAM-tier shard it has moved past (they stay in tmpfs), so a reader's RSS follows what it
+is reading, not the size of its shards.
 
 The source is safe to use from threads and survives a fork (DataLoader workers): the
 repository store and the cache reopen their handles in the new process.
@@ -14,14 +16,17 @@ repository store and the cache reopen their handles in the new process.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from cachetier.config import CacheConfig, load_cache_config
+from cachetier.pages import drop_mapping
 from cachetier.tiered import TieredStore
 from datastore.repo import Repo
 from datastore.shards import read_shard
@@ -29,6 +34,7 @@ from datastore.shards import read_shard
 __all__ = ["RepoShardSource", "decode_shard", "open_shard_source"]
 
 _DECODED = "ipc-plain"
+_MAPPED_MAX = 64
 
 
 def decode_shard(data: memoryview | bytes) -> pa.Buffer:
@@ -56,13 +62,27 @@ class RepoShardSource:
         self._reader: str | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        #: the RAM-tier mapping each shard was last read from (while its readers hold it)
+        self._mapped: dict[str, weakref.ref[mmap.mmap]] = {}
 
     def read_shard(self, shard_id: str, columns: Sequence[str] | None = None) -> pa.Table:
         """The records of ``shard_id`` (hidden columns dropped; only ``columns`` when given)."""
         if self.cache is None:
             return read_shard(self.repo.objects.get(shard_id), columns)
         view = self.cache.get_decoded(shard_id, decode_shard, kind=_DECODED, reader=self._reader_id())
+        if isinstance(view.obj, mmap.mmap):  # not a fresh decode in private memory
+            if len(self._mapped) >= _MAPPED_MAX:
+                self._mapped = {k: r for k, r in self._mapped.items() if r() is not None}
+            self._mapped[shard_id] = weakref.ref(view.obj)
         return read_shard(pa.py_buffer(view), columns, plain=True)
+
+    def drop_pages(self, shard_id: str) -> None:
+        """Unmap this process's resident pages of ``shard_id``'s RAM-tier file, if it was
+        read from one; tables read from it stay valid (pages map back on access)."""
+        ref = self._mapped.get(shard_id)
+        mapping = ref() if ref is not None else None
+        if mapping is not None:
+            drop_mapping(mapping)
 
     def announce(self, shard_ids: Sequence[str]) -> None:
         """Tell the cache the order of the coming reads (prefetch and protection)."""

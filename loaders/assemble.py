@@ -17,6 +17,12 @@ If the reader needs only a small part of it there (the other readers, ranks and
 DataLoader workers, take the rest), that part is copied out and the decoded shard let
 go (:meth:`loaders.decoded.DecodedShard.subset`): a reader then holds about
 ``shuffle_window - 1 + prefetch`` whole shards instead of ``shuffle_window + prefetch``.
+
+Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
+(:meth:`loaders.decoded.DecodedShard.drop_pages`): in order, every ``_DROP_BYTES``;
+with shuffle, after each gathered block, whose rows are copies. So a reader's RSS holds
+about one block of shard pages, whatever the shards weigh; what it reads again maps
+back from tmpfs.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ __all__ = ["batch_rows"]
 _PIECE_ROWS = 2048
 #: Copy out the oldest shard of a window when the reader needs at most this share of it.
 _SUBSET_SHARE = 0.4
+#: Reading in order, a reader unmaps the pages it has passed after about this many bytes.
+_DROP_BYTES = 4 << 20
 
 #: A span's column kinds, its pieces (one per run of rows) and its length.
 Parts = tuple[dict[str, Kind], list[dict[str, Any]], int]
@@ -52,6 +60,7 @@ def batch_rows(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterat
 
 def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
     first = True  # nothing is read ahead before the first batch: it has the cores to itself
+    passed = 0.0  # bytes of the current shard read since its pages were last dropped
     for pos, n in spans:
         kinds: dict[str, Kind] = {}
         parts = []
@@ -59,10 +68,15 @@ def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
             which, rows = plan.window_rows(w, lo, hi)
             assert isinstance(which, int) and isinstance(rows, slice)
             held = shards.acquire(plan.window_shards(w), read_ahead=not first)
-            kinds, piece = slice_rows(held[which], rows.start, rows.stop)
+            shard = held[which]
+            kinds, piece = slice_rows(shard, rows.start, rows.stop)
             parts.append(piece)
+            passed += shard.row_bytes * (rows.stop - rows.start)
         first = False
         yield kinds, parts, n
+        if passed >= _DROP_BYTES:  # the batch is built: the pages behind it are not needed
+            shard.drop_pages()
+            passed = 0.0
 
 
 def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
@@ -94,8 +108,11 @@ def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
                 window = w
                 segments.append((lo, hi))
         # nothing is read ahead before the first batch: it has the cores to itself
-        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
+        held, which, rows = _window_rows(plan, shards, window, segments, read_ahead=first > 0)
+        gathered.add(held, which, rows)
         gathered.finish()
+        for shard in held.values():  # the block holds copies: unmap the pages gathered from
+            shard.drop_pages()
         at = 0
         for _, n in group:
             kinds, piece = gathered.take(at, at + n)

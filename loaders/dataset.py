@@ -348,7 +348,10 @@ class StreamingDataset(IterableDataset):
                 subject=shard_id,
                 hint="the source returned another shard than the version names",
             )
-        return DecodedShard(index, shard_id, table)
+        drop = getattr(self.source, "drop_pages", None)
+        shard = DecodedShard(index, shard_id, table, functools.partial(drop, shard_id) if drop else None)
+        shard.drop_pages()  # reading and checking it paged in more than the batches will use
+        return shard
 
     def _generate(
         self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress, lead: Lead | None

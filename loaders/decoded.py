@@ -17,7 +17,7 @@ string and other object columns.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,10 +66,16 @@ class DecodedShard:
     """
 
     kept: np.ndarray | None = None
+    _drop: Callable[[], None] | None = None
 
-    def __init__(self, index: int, shard_id: str, table: pa.Table) -> None:
+    def __init__(
+        self, index: int, shard_id: str, table: pa.Table, drop_pages: Callable[[], None] | None = None
+    ) -> None:
         self.index = index
+        self._drop = drop_pages
         self.rows = table.num_rows
+        #: mean bytes per record of the selected columns
+        self.row_bytes = table.nbytes / max(1, self.rows)
         table = _same_chunks(table)
         self.kinds: dict[str, Kind] = {}
         self.data: dict[str, list[Any]] = {}
@@ -105,12 +111,19 @@ class DecodedShard:
             groups = [(int(chunk[a]), rows[a:b] - self.bounds[chunk[a]]) for a, b in itertools.pairwise(cuts)]
         out = object.__new__(DecodedShard)
         out.index, out.rows, out.kinds, out.kept = self.index, len(rows), self.kinds, rows
+        out.row_bytes = self.row_bytes
         out.bounds = np.array([0, len(rows)], dtype=np.int64)
         out.data = {
             name: [kind.subset([(self.data[name][c], local) for c, local in groups])]
             for name, kind in self.kinds.items()
         }
         return out
+
+    def drop_pages(self) -> None:
+        """Unmap this process's resident pages of a shard read from a shared mapping (see
+        ``ShardSource.drop_pages``); the data stays readable. A no-op for other shards."""
+        if self._drop is not None:
+            self._drop()
 
     def local(self, rows: np.ndarray) -> np.ndarray:
         """Where records ``rows`` (of the whole shard) are in this one."""

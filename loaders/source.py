@@ -12,6 +12,11 @@ through four members, implemented by ``datastore.Repo`` (through the tiered cach
   and from DataLoader worker processes, so it must be thread-safe and survive a fork.
 - ``announce(shard_ids)``: the shards this reader will read next, in order (a prefetch
   hint for the cache; a no-op is a valid implementation).
+
+Optionally, ``drop_pages(shard_id)``: the source read ``shard_id`` from a shared file
+mapping, and may unmap this process's resident pages of it (tables read from it stay
+valid); the loader calls it as it moves past the shard's records, so that its RSS
+follows the rows it is reading, not the size of the shards it holds.
 """
 
 from __future__ import annotations

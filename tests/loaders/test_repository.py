@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from cachetier.config import CacheConfig
 from cachetier.errors import UsageError
 from datastore import Repo
 from loaders import StreamingDataLoader, StreamingDataset
+from tests.cachetier.test_pages import resident
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -117,3 +119,48 @@ def test_a_state_from_another_shuffle_group_is_refused(repo_path, tmp_path):
     other = StreamingDataset(str(repo_path), cache=_cache(tmp_path), shuffle=True, batch_size=8)
     with pytest.raises(UsageError, match="shuffle_group=8388608"):
         other.load_state_dict(state)
+
+
+BIG_RECORDS = 32_000
+
+
+@pytest.fixture(scope="module")
+def big_shards_repo(tmp_path_factory) -> Path:
+    """About 1 KB per record in shards of several MB, so pages held are easy to see."""
+    root = tmp_path_factory.mktemp("big")
+    src = root / "data.jsonl"
+    rng = random.Random(5)
+    with src.open("w") as f:
+        for i in range(BIG_RECORDS):
+            f.write(json.dumps({"id": i, "text": rng.randbytes(500).hex()}) + "\n")
+    repo = Repo.init(root / "repo", workspace=None)
+    repo.ingest(src, shard_size=8 << 20)
+    repo.commit("data")
+    return root / "repo"
+
+
+def _mapped_from(folder: Path) -> int:
+    """Bytes of this process's mappings of files under ``folder`` that are in its RSS."""
+    return resident(str(folder))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_reader_keeps_only_the_pages_it_is_reading_mapped(big_shards_repo, tmp_path, shuffle):
+    # The RAM tier's decoded shards are mapped files: pages the reader has passed are
+    # unmapped as it goes, so its RSS follows the rows in use, not the shards it holds.
+    cache = CacheConfig(
+        dir=tmp_path / "cache", ram_dir=tmp_path / "ram", ram_bytes=256 << 20, ssd_bytes=256 << 20
+    )
+    ds = StreamingDataset(str(big_shards_repo), cache=cache, shuffle=shuffle, batch_size=64)
+    for _ in ds:  # the first epoch fills the tiers
+        pass
+    shard_bytes = max(ds.source.shard_bytes)
+    assert len(ds.source.shards) >= 4 and shard_bytes >= 6 << 20
+    held, ids = [], []
+    for batch in ds:
+        ids.extend(batch["id"].tolist())
+        held.append(_mapped_from(tmp_path / "ram"))
+    assert sorted(ids) == list(range(BIG_RECORDS))
+    held.sort()
+    assert held[len(held) // 2] < shard_bytes // 2, held[len(held) // 2]
+    assert held[-1] < 2 * shard_bytes, held[-1]
