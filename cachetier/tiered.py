@@ -201,7 +201,11 @@ class TieredStore:
             with self._filling(oid):
                 view = self._from_ram(key, count=False)  # filled by another process meanwhile?
                 if view is None:
-                    view = memoryview(self._fill_decoded(oid, key, decode))
+                    decoded = self._fill_decoded(oid, key, decode)
+                    # read it back from tmpfs when it went there: shared pages the reader
+                    # maps as it goes, instead of a private copy for as long as it is used
+                    view = self._from_ram(key, count=False) or memoryview(decoded)
+                    del decoded
                 else:
                     self._count_hit("ram", view.nbytes)
         else:

