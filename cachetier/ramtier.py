@@ -13,9 +13,10 @@ Rules
   ``memoryview`` of the map. The view stays valid after the value is evicted (the file
   is unlinked; its pages go when the last view is dropped).
 - **Checks**: a file is written once and renamed into place, never modified, so a
-  process verifies the checksum of a value the first time it maps it and again
-  whenever the file's identity (inode, mtime, size) changes; the frame's magic and
-  length are checked on every hit. A hit then costs a stat and a map, whatever its size.
+  process verifies the checksum of a value the first time it maps it (unless it wrote
+  it) and again whenever the file's identity (inode, mtime, size) changes; the frame's
+  magic and length are checked on every hit. A hit then costs a stat and a map, whatever
+  its size. The pages the check read are unmapped after it (:mod:`cachetier.pages`).
 - **Writes** hold the lock: count the bytes really allocated (``st_blocks`` of every
   file, temp files included, i.e. what tmpfs holds), evict what the chooser names until
   the new value fits the budget, write a temp file and rename it into place. Readers
@@ -109,11 +110,14 @@ class RamTier(Store):
             self._drop_if_same(path, st.st_ino)
             return None
         if self.verify and not known:
-            if len(self._verified) >= _VERIFIED_MAX:
-                self._verified.clear()
-            self._verified[path.name] = identity
+            self._remember_checked(path.name, identity)
             drop_mapping(mapped)  # the check read every page; the reader maps back what it uses
         return payload
+
+    def _remember_checked(self, name: str, identity: tuple[int, int, int]) -> None:
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[name] = identity
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         view = self.view(key)
@@ -233,7 +237,7 @@ class RamTier(Store):
                 os.close(fd)
             os.rename(tmp, self.values / name)
             if self.verify:  # written from memory here: this process need not check it again
-                self._verified[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+                self._remember_checked(name, (st.st_ino, st.st_mtime_ns, st.st_size))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

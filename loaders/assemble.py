@@ -60,7 +60,7 @@ def batch_rows(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterat
 
 def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
     first = True  # nothing is read ahead before the first batch: it has the cores to itself
-    passed = 0.0  # bytes of the current shard read since its pages were last dropped
+    passed = 0.0  # bytes read since the pages were last dropped
     for pos, n in spans:
         kinds: dict[str, Kind] = {}
         parts = []
