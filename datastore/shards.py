@@ -57,6 +57,7 @@ __all__ = [
     "read_record_hashes",
     "read_shard",
     "read_shard_schema",
+    "shard_batches",
     "shard_key",
     "shard_key_prefix",
     "write_shards",
@@ -415,6 +416,26 @@ def read_shard(
     if list(table.column_names) != wanted:
         table = table.select(wanted)
     return table
+
+
+def shard_batches(data: BytesLike | pa.Buffer) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """A shard's schema and its record batches, hidden columns included, decoded one at a
+    time as the iterator is advanced (so a consumer holds one batch, not the table)."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    try:
+        reader = pa.ipc.open_file(buf)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for i in range(reader.num_record_batches):
+            try:
+                batch = reader.get_batch(i)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+                raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+            yield batch
+
+    return reader.schema, batches()
 
 
 def read_record_hashes(data: BytesLike | pa.Buffer) -> list[bytes]:

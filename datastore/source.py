@@ -29,7 +29,7 @@ from cachetier.config import CacheConfig, load_cache_config
 from cachetier.pages import drop_mapping
 from cachetier.tiered import TieredStore
 from datastore.repo import Repo
-from datastore.shards import read_shard
+from datastore.shards import read_shard, shard_batches
 
 __all__ = ["RepoShardSource", "decode_shard", "open_shard_source"]
 
@@ -39,10 +39,11 @@ _MAPPED_MAX = 64
 
 def decode_shard(data: memoryview | bytes) -> pa.Buffer:
     """Return the shard re-encoded as an Arrow IPC file without compression (for the RAM tier)."""
-    table = read_shard(data, with_hidden=True)
+    schema, batches = shard_batches(data)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_file(sink, schema) as writer:
+        for batch in batches:  # one decompressed batch at a time, not a second whole copy
+            writer.write_batch(batch)
     return sink.getvalue()
 
 

@@ -25,6 +25,7 @@ from datastore.shards import (
     read_record_hashes,
     read_shard,
     read_shard_schema,
+    shard_batches,
     write_shards,
 )
 from datastore.source import decode_shard
@@ -113,6 +114,22 @@ def test_a_decoded_shard_is_read_in_place() -> None:
     assert pa.total_allocated_bytes() == before  # views of the decoded buffer, no copy
     assert picked.column_names == ["b"] and picked.column("b").equals(table.column("b"))
     assert read_shard(plain).equals(table)
+
+
+def test_decoding_batch_by_batch_gives_the_bytes_of_the_whole_table() -> None:
+    # decode_shard streams one decompressed batch at a time into the plain copy; the bytes
+    # must be those of the table read whole (the RAM tier's copies are compared by size).
+    table = pa.Table.from_pylist(text_records(30_000))
+    shard = max(write_shards(table.to_batches(), ShardOptions(shard_size=4 << 20)), key=lambda s: s.bytes)
+    schema, batches = shard_batches(shard.data)
+    assert len(list(batches)) > 1
+    whole = read_shard(shard.data, with_hidden=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(whole)
+    assert decode_shard(shard.data).equals(sink.getvalue())
+    with pytest.raises(IntegrityError):
+        shard_batches(shard.data[: len(shard.data) // 2])
 
 
 # ---------------------------------------------------------------- determinism
