@@ -378,6 +378,14 @@ def write_shards(
         yield encode_shard(pending, writer.options)
 
 
+#: What Arrow raises on bytes that are not a shard it can read.
+_UNREADABLE = (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError)
+
+
+def _unreadable(e: BaseException) -> IntegrityError:
+    return IntegrityError(f"not a readable shard: {e}", subject="shard")
+
+
 def read_shard(
     data: BytesLike | pa.Buffer,
     columns: Sequence[str] | None = None,
@@ -411,8 +419,8 @@ def read_shard(
         else:
             reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))
             table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+    except _UNREADABLE as e:
+        raise _unreadable(e) from e
     if list(table.column_names) != wanted:
         table = table.select(wanted)
     return table
@@ -424,15 +432,15 @@ def shard_batches(data: BytesLike | pa.Buffer) -> tuple[pa.Schema, Iterator[pa.R
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     try:
         reader = pa.ipc.open_file(buf)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+    except _UNREADABLE as e:
+        raise _unreadable(e) from e
 
     def batches() -> Iterator[pa.RecordBatch]:
         for i in range(reader.num_record_batches):
             try:
                 batch = reader.get_batch(i)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-                raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+            except _UNREADABLE as e:
+                raise _unreadable(e) from e
             yield batch
 
     return reader.schema, batches()
@@ -449,8 +457,8 @@ def read_shard_schema(data: BytesLike | pa.Buffer, *, with_hidden: bool = False)
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     try:
         schema = pa.ipc.open_file(buf).schema
-    except (pa.ArrowInvalid, OSError) as e:
-        raise IntegrityError(f"not a readable shard: {e}", subject="shard") from e
+    except _UNREADABLE as e:
+        raise _unreadable(e) from e
     if with_hidden:
         return schema
     return pa.schema([f for f in schema if not f.name.startswith("__")], metadata=schema.metadata)
