@@ -19,6 +19,7 @@ so the checksum is their only check. ``verify="hash"`` in the config re-checks t
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import xxhash
 
@@ -37,11 +38,15 @@ def frame_header(payload: BytesLike) -> bytes:
     return _HEADER.pack(_MAGIC, 0, view.nbytes, xxhash.xxh3_128_digest(view))
 
 
-def open_frame(frame: BytesLike, *, verify: bool = True) -> memoryview | None:
+def open_frame(
+    frame: BytesLike, *, verify: bool = True, release: Callable[[memoryview], None] | None = None
+) -> memoryview | None:
     """Return a zero-copy view of the payload of ``frame``, or None when it is damaged.
 
     Damaged means a wrong magic, a length that disagrees with the frame's size, or (with
-    ``verify``) a checksum mismatch.
+    ``verify``) a checksum mismatch. With ``release``, the payload is checked in steps of
+    ``_STEP`` bytes and ``release`` is called on each step once hashed (to unmap the pages
+    of a mapped frame, so the check never holds more than one step of them).
     """
     view = memoryview(frame).cast("B")
     if view.nbytes < HEADER_SIZE:
@@ -50,9 +55,23 @@ def open_frame(frame: BytesLike, *, verify: bool = True) -> memoryview | None:
     if magic != _MAGIC or length != view.nbytes - HEADER_SIZE:
         return None
     payload = view[HEADER_SIZE:]
-    if verify and xxhash.xxh3_128_digest(payload) != digest:
+    if verify and _digest(payload, release) != digest:
         return None
     return payload
+
+
+_STEP = 4 << 20
+
+
+def _digest(payload: memoryview, release: Callable[[memoryview], None] | None) -> bytes:
+    if release is None:
+        return xxhash.xxh3_128_digest(payload)
+    state = xxhash.xxh3_128()
+    for start in range(0, payload.nbytes, _STEP):
+        step = payload[start : start + _STEP]
+        state.update(step)
+        release(step)
+    return state.digest()
 
 
 def payload_matches(header: BytesLike, payload: BytesLike) -> bool:

@@ -16,7 +16,7 @@ Rules
   process verifies the checksum of a value the first time it maps it (unless it wrote
   it) and again whenever the file's identity (inode, mtime, size) changes; the frame's
   magic and length are checked on every hit. A hit then costs a stat and a map, whatever
-  its size. The pages the check read are unmapped after it (:mod:`cachetier.pages`).
+  its size. The check unmaps the pages it read as it goes (:mod:`cachetier.pages`).
 - **Writes** hold the lock: count the bytes really allocated (``st_blocks`` of every
   file, temp files included, i.e. what tmpfs holds), evict what the chooser names until
   the new value fits the budget, write a temp file and rename it into place. Readers
@@ -47,7 +47,7 @@ from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
 from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
 from cachetier.metrics import TierCounters
-from cachetier.pages import drop_mapping
+from cachetier.pages import drop_view
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["RamTier"]
@@ -104,14 +104,15 @@ class RamTier(Store):
             os.close(fd)
         identity = (st.st_ino, st.st_mtime_ns, st.st_size)
         known = self._verified.get(path.name) == identity
-        payload = open_frame(mapped, verify=self.verify and not known) if mapped is not None else None
+        check = self.verify and not known
+        # the check reads every page: each step is unmapped once hashed (see cachetier.pages)
+        payload = open_frame(mapped, verify=check, release=drop_view) if mapped is not None else None
         if payload is None:
             self.counters.corrupt += 1
             self._drop_if_same(path, st.st_ino)
             return None
-        if self.verify and not known:
+        if check:
             self._remember_checked(path.name, identity)
-            drop_mapping(mapped)  # the check read every page; the reader maps back what it uses
         return payload
 
     def _remember_checked(self, name: str, identity: tuple[int, int, int]) -> None:

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
+
+# pyarrow.compute is imported inside the functions that hash records: a process that only
+# reads shards (a DataLoader worker) imports this module too, and the import costs ~9 MB.
 
 __all__ = [
     "HASH_COLUMN",
@@ -142,6 +144,8 @@ def _direct_span(column: pa.Array):
 
 
 def _joined_span(group: list[pa.LargeBinaryArray], n: int) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    import pyarrow.compute as pc  # on first use: see the note at the imports
+
     if not group:
         rows = _from_parts(np.zeros(n + 1, np.int64), None)
     elif len(group) == 1:
@@ -312,6 +316,8 @@ def _prefixes(valid: np.ndarray, counts: np.ndarray) -> pa.LargeBinaryArray:
 
 
 def _encode_binary(arr: pa.LargeBinaryArray) -> pa.LargeBinaryArray:
+    import pyarrow.compute as pc  # on first use: see the note at the imports
+
     valid = _valid(arr)
     lengths = pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int64)
     filled = arr.fill_null(b"") if arr.null_count else arr
@@ -320,6 +326,8 @@ def _encode_binary(arr: pa.LargeBinaryArray) -> pa.LargeBinaryArray:
 
 def _encode_ranges(arr: pa.Array, child: pa.LargeBinaryArray, starts: np.ndarray, *, counted: bool):
     """Concatenate the encodings of child elements ``[starts[i], starts[i+1])`` for each element."""
+    import pyarrow.compute as pc  # on first use: see the note at the imports
+
     valid = _valid(arr)
     child_offsets, data = _parts(child)
     byte_offsets = child_offsets[starts]
@@ -332,6 +340,8 @@ def _encode_ranges(arr: pa.Array, child: pa.LargeBinaryArray, starts: np.ndarray
 
 
 def _encode_struct(arr: pa.StructArray) -> pa.LargeBinaryArray:
+    import pyarrow.compute as pc  # on first use: see the note at the imports
+
     valid = _valid(arr)
     children = [_encode(child) for child in arr.flatten()]
     prefix = _fixed_rows(np.zeros((len(arr), 0), np.uint8), valid)

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from cachetier.errors import BadInputError, IntegrityError
@@ -362,7 +361,7 @@ def _referenced_chunks(table: pa.Table) -> tuple[str, ...]:
         pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)
     ):
         return ()
-    ids = pc.list_flatten(column).to_pylist()
+    ids = column.combine_chunks().flatten().to_pylist() if column.num_chunks else []
     return tuple(dict.fromkeys(i for i in ids if i))
 
 

@@ -17,6 +17,8 @@ If the reader needs only a small part of it there (the other readers, ranks and
 DataLoader workers, take the rest), that part is copied out and the decoded shard let
 go (:meth:`loaders.decoded.DecodedShard.subset`): a reader then holds about
 ``shuffle_window - 1 + prefetch`` whole shards instead of ``shuffle_window + prefetch``.
+A shard read from a shared mapping (the RAM tier) is kept whole: its pages cost the
+reader nothing once dropped, and a copy would be private memory.
 
 Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
 (:meth:`loaders.decoded.DecodedShard.drop_pages`): in order, every ``_DROP_BYTES``;
@@ -111,8 +113,7 @@ def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
         held, which, rows = _window_rows(plan, shards, window, segments, read_ahead=first > 0)
         gathered.add(held, which, rows)
         gathered.finish()
-        for shard in held.values():  # the block holds copies: unmap the pages gathered from
-            shard.drop_pages()
+        gathered.drop_pages()  # the block holds copies
         at = 0
         for _, n in group:
             kinds, piece = gathered.take(at, at + n)
@@ -158,7 +159,7 @@ def _let_go_of_oldest(plan: EpochPlan, shards: ShardPrefetcher, w: int, spans: S
     held, which, rows = _window_rows(plan, shards, w, segments, read_ahead=False)
     for oldest in retiring:
         shard = held.get(oldest)
-        if shard is None or shard.kept is not None:
+        if shard is None or shard.kept is not None or shard.shared:
             continue
         keep = np.unique(rows[which == oldest])
         if len(keep) <= _SUBSET_SHARE * shard.rows:

@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from loaders.source import loader_memory_pool
+from loaders.take import take_rows
 
 __all__ = ["Kind", "ListKind", "NumericKind", "RaggedKind", "kind_of", "lengths_key"]
 
@@ -179,20 +179,20 @@ class RaggedKind(Kind):
         )
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        return self.concat([_take(data, rows) for data, rows in parts])
+        return self.concat([take_rows(data, rows) for data, rows in parts])
 
     def new_block(self, rows: int, like: pa.Array, spare: Any = None) -> list[pa.Array]:
         return []
 
     def fill(self, block: list[pa.Array], at: int, data: pa.Array, rows: np.ndarray) -> list[pa.Array]:
-        block.append(_take(data, rows))
+        block.append(take_rows(data, rows))
         return block
 
     def finish(self, block: list[pa.Array]) -> pa.Array:
         return self.concat(block)
 
     def select(self, block: pa.Array, rows: np.ndarray) -> pa.Array:
-        return _take(block, rows)
+        return take_rows(block, rows)
 
     def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = piece.offsets.to_numpy()
@@ -233,7 +233,7 @@ class ListKind(Kind):
         return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        taken = [_take(data, rows) for data, rows in parts]
+        taken = [take_rows(data, rows) for data, rows in parts]
         return taken[0] if len(taken) == 1 else pa.concat_arrays(taken, memory_pool=loader_memory_pool())
 
     def new_block(self, rows: int, like: pa.Array, spare: np.ndarray | None = None) -> np.ndarray:
@@ -242,7 +242,7 @@ class ListKind(Kind):
         return np.empty(rows, dtype=object)
 
     def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
-        values = _take(data, rows).to_pylist()
+        values = take_rows(data, rows).to_pylist()
         # fromiter keeps list values as objects (assigning a list of lists would broadcast)
         block[at : at + len(values)] = np.fromiter(values, dtype=object, count=len(values))
         return block
@@ -292,6 +292,8 @@ def _numpy(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     if pa.types.is_temporal(array.type):
         array = array.view(pa.int64() if dtype == np.int64 else pa.int32())
     if array.null_count:
+        import pyarrow.compute as pc  # only for numbers with nulls: see loaders.take
+
         fill = float("nan") if pa.types.is_floating(array.type) else 0
         array = pc.fill_null(array, pa.scalar(fill, array.type))
     if pa.types.is_boolean(array.type):
@@ -309,17 +311,6 @@ def _fixed_numpy(array: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
         typ = typ.value_type
     flat = _numpy(array, _np_dtype(typ))
     return flat.reshape((n, *shape)) if shape else flat
-
-
-def _indices(rows: np.ndarray) -> pa.Array:
-    """Row numbers as an Arrow array, without a copy (``pa.array`` would also import numpy.ma)."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
-
-
-def _take(data: pa.Array, rows: np.ndarray) -> pa.Array:
-    """Rows ``rows`` of ``data`` (a copy, from the loader's pool)."""
-    return pc.take(data, _indices(rows), memory_pool=loader_memory_pool())
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:

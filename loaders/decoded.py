@@ -37,6 +37,9 @@ __all__ = [
 
 Pieces = dict[str, Any]
 _DISAGREE = "shards of one version disagree on their columns"
+#: Gathering, unmap the shard pages read after about this many bytes of records: rows
+#: picked at random touch whole pages, so a block of 2048 rows maps several times its size.
+_DROP_BYTES = 1 << 20
 
 
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
@@ -119,6 +122,13 @@ class DecodedShard:
         }
         return out
 
+    @property
+    def shared(self) -> bool:
+        """True when the records live in a shared mapping (the RAM tier) whose pages this
+        process can let go of (:meth:`drop_pages`): holding the shard whole then costs no
+        private memory, so a :meth:`subset` copy would only add some."""
+        return self._drop is not None
+
     def drop_pages(self) -> None:
         """Unmap this process's resident pages of a shard read from a shared mapping (see
         ``ShardSource.drop_pages``); the data stays readable. A no-op for other shards."""
@@ -180,6 +190,8 @@ class GatheredRows:
         self.where = np.empty(rows, dtype=np.int64)
         self._filled = 0
         self._spare = spare or {}
+        self._touched: dict[int, DecodedShard] = {}  # shards gathered from since the last drop
+        self._passed = 0.0  # bytes of records gathered since then
 
     def add(self, shards: Mapping[int, DecodedShard], which: int | np.ndarray, rows: np.ndarray) -> None:
         """Gather the records at ``rows`` of shards ``which`` (plan indices, keys of ``shards``)."""
@@ -206,6 +218,10 @@ class GatheredRows:
                 for name, kind in kinds.items():
                     self.blocks[name] = kind.fill(self.blocks[name], at, shard.data[name][c], local)
                 at += len(local)
+                self._touched[shard.index] = shard
+                self._passed += len(local) * shard.row_bytes
+                if self._passed >= _DROP_BYTES:  # the rows are copies now: unmap their pages
+                    self.drop_pages()
         except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
         base = self._filled
@@ -222,6 +238,13 @@ class GatheredRows:
         if self.kinds is not None:
             self.blocks = {name: kind.finish(self.blocks[name]) for name, kind in self.kinds.items()}
         return self
+
+    def drop_pages(self) -> None:
+        """Unmap the shard pages gathered from so far (see :meth:`DecodedShard.drop_pages`)."""
+        for shard in self._touched.values():
+            shard.drop_pages()
+        self._touched.clear()
+        self._passed = 0.0
 
     def take(self, start: int, stop: int) -> tuple[dict[str, Kind], Pieces]:
         """The kinds and the pieces of positions ``[start, stop)`` (copies: blocks are reused)."""

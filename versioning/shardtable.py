@@ -157,7 +157,7 @@ class ShardTable(Sequence[ShardEntry]):
         chunks = _as_list_array(chunks)
         if len(chunks) != n or chunks.null_count:
             raise BadInputError(f"'chunks' must hold one list per shard ({n}), got {len(chunks)}")
-        if chunks.flatten().null_count:
+        if _list_values(chunks).null_count:
             raise BadInputError("'chunks' holds a null id")
         self._chunks = chunks
 
@@ -241,7 +241,8 @@ class ShardTable(Sequence[ShardEntry]):
     def decode(cls, data: builtins.bytes | memoryview, subject: str = "shard table") -> ShardTable:
         """Parse Parquet bytes written by :meth:`encode`; IntegrityError names ``subject`` if malformed."""
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            # ParquetFile, not read_table: read_table imports pyarrow.dataset (~15 MB per process).
+            table = pq.ParquetFile(pa.BufferReader(data)).read()
         except (pa.ArrowException, OSError) as e:
             raise IntegrityError(f"not a readable shard table: {e}", subject=subject) from e
         if [(f.name, f.type) for f in table.schema] != [(f.name, f.type) for f in _SCHEMA]:
@@ -304,7 +305,7 @@ class ShardTable(Sequence[ShardEntry]):
             stop = min(start + _ITER_BATCH, len(self))
             chunk_lists = self._chunks[start:stop]
             offsets = chunk_lists.offsets.to_numpy()
-            chunk_ids = _hex_ids(_fixed_binary_bytes(chunk_lists.flatten()))
+            chunk_ids = _hex_ids(_fixed_binary_bytes(_list_values(chunk_lists)))
             rows = zip(
                 _hex_ids(self._hashes[start:stop]),
                 self._records[start:stop].tolist(),
@@ -376,7 +377,7 @@ class ShardTable(Sequence[ShardEntry]):
 
     def chunk_ids(self) -> set[str]:
         """Return the ids of every chunk object any shard references."""
-        return set(_hex_ids(_fixed_binary_bytes(self._chunks.flatten())))
+        return set(_hex_ids(_fixed_binary_bytes(_list_values(self._chunks))))
 
     def locate(self, record_index: int) -> tuple[int, int]:
         """Return ``(shard_index, offset_in_shard)`` of global record ``record_index`` (binary search)."""
@@ -433,6 +434,14 @@ def _as_list_array(chunks: pa.Array | pa.ChunkedArray) -> pa.ListArray:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise BadInputError(f"'chunks' must be lists of 32-byte ids, got {chunks.type}") from e
     return chunks
+
+
+def _list_values(lists: pa.ListArray) -> pa.Array:
+    """The values held by ``lists`` (no nulls), in order: ``flatten()`` without importing
+    pyarrow.compute, which costs ~9 MB in every process that opens a version."""
+    offsets = lists.offsets
+    start, end = (offsets[0].as_py(), offsets[-1].as_py()) if len(lists) else (0, 0)
+    return lists.values.slice(start, end - start)
 
 
 def _fixed_binary_bytes(array: pa.FixedSizeBinaryArray) -> np.ndarray:

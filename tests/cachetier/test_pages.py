@@ -4,11 +4,13 @@ and what was read stays readable (and unchanged) after its pages are dropped."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from pathlib import Path
 
+from cachetier._frame import _STEP, frame_header, open_frame
 from cachetier.lmdbtier import LmdbTier, SharedEnv
-from cachetier.pages import drop_mapping
+from cachetier.pages import drop_mapping, drop_view
 from cachetier.ramtier import RamTier
 
 VALUE = 8 << 20
@@ -47,9 +49,9 @@ def test_an_lmdb_read_in_place_unmaps_the_value_when_done(tmp_path: Path) -> Non
 
 
 def test_a_ram_tier_view_is_checked_without_keeping_its_pages(tmp_path: Path) -> None:
-    tier = RamTier(tmp_path / "ram", budget=32 << 20)
     data = os.urandom(VALUE)
-    tier.put("v", data)
+    RamTier(tmp_path / "ram", budget=32 << 20).put("v", data)
+    tier = RamTier(tmp_path / "ram", budget=32 << 20)  # another reader: it checks the value
     view = tier.view("v")
     assert view is not None
     assert resident(str(tmp_path / "ram")) < 1 << 20  # the checksum read every page
@@ -58,3 +60,25 @@ def test_a_ram_tier_view_is_checked_without_keeping_its_pages(tmp_path: Path) ->
     drop_mapping(view.obj)
     assert resident(str(tmp_path / "ram")) < 1 << 20
     assert bytes(view) == data  # still the same bytes, paged back in from tmpfs
+
+
+def test_checking_a_mapped_frame_holds_one_step_of_its_pages_at_a_time(tmp_path: Path) -> None:
+    payload = os.urandom(4 * _STEP + 12345)
+    path = tmp_path / "frame"
+    path.write_bytes(frame_header(payload) + payload)
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    held: list[int] = []
+
+    def release(step: memoryview) -> None:
+        held.append(resident(str(path)))
+        drop_view(step)
+
+    view = open_frame(mapping, release=release)
+    assert view is not None and bytes(view) == payload
+    assert len(held) == 5
+    # one step at a time (the kernel may map a whole large folio around a fault), not the value
+    assert max(held) <= _STEP + (2 << 20) + 4 * mmap.PAGESIZE, held
+    damaged = bytearray(frame_header(payload) + payload)
+    damaged[-1] ^= 1
+    assert open_frame(damaged, release=lambda step: None) is None

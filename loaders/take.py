@@ -1,0 +1,104 @@
+"""Rows of an Arrow array by index, without Arrow's compute kernels where the type allows.
+
+Importing ``pyarrow.compute`` builds Arrow's kernel registry and a Python wrapper per
+function: about 9 MB of memory in every process that does it, DataLoader workers
+included. A loader needs only ``take``, and only for a few layouts, so strings,
+binaries and variable-length lists of fixed-width values are gathered here from their
+offsets with numpy; any other type falls back to ``pyarrow.compute.take``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from loaders.source import loader_memory_pool
+
+__all__ = ["take_rows"]
+
+
+def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
+    """A new array of ``array[rows]`` (``rows``: non-negative int row numbers), owning its memory."""
+    rows = np.asarray(rows, dtype=np.int64)
+    typ = array.type
+    if _is_binary_like(typ):
+        return _take_variable(array, rows, array.buffers()[2], 1)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        values = array.values
+        width = _fixed_width(values.type)
+        if width and values.null_count == 0:
+            data = values.buffers()[1]
+            return _take_variable(array, rows, data, width, values.offset)
+    import pyarrow.compute as pc  # rare layouts only (see the module docstring)
+
+    indices = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+    return pc.take(array, indices, memory_pool=loader_memory_pool())
+
+
+def _is_binary_like(typ: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_large_binary(typ)
+    )
+
+
+def _fixed_width(typ: pa.DataType) -> int:
+    """Bytes per value of a fixed-width, byte-aligned type; 0 for anything else."""
+    if pa.types.is_boolean(typ) or pa.types.is_nested(typ) or pa.types.is_dictionary(typ):
+        return 0
+    try:
+        bits = typ.bit_width
+    except ValueError:
+        return 0
+    return bits // 8 if bits % 8 == 0 else 0
+
+
+def _offsets(array: pa.Array) -> np.ndarray:
+    """The ``len(array) + 1`` offsets of a variable-length array, as numpy (no copy)."""
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    large = large or pa.types.is_large_list(array.type)
+    dtype = np.dtype(np.int64 if large else np.int32)
+    return np.frombuffer(
+        array.buffers()[1], dtype, count=len(array) + 1, offset=array.offset * dtype.itemsize
+    )
+
+
+def _take_variable(
+    array: pa.Array, rows: np.ndarray, data: pa.Buffer | None, width: int, values_offset: int = 0
+) -> pa.Array:
+    """Gather rows of a variable-length array whose values are ``width`` bytes each in ``data``."""
+    offsets = _offsets(array)
+    starts, ends = offsets[rows], offsets[rows + 1]
+    new_offsets = np.zeros(len(rows) + 1, dtype=offsets.dtype)
+    np.cumsum(ends - starts, out=new_offsets[1:])
+    view = memoryview(data).cast("B") if data is not None else memoryview(b"")
+    base = values_offset * width
+    gathered = pa.allocate_buffer(int(new_offsets[-1]) * width, memory_pool=loader_memory_pool())
+    out = memoryview(gathered).cast("B")
+    at = 0
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        n = (e - s) * width
+        out[at : at + n] = view[base + s * width : base + s * width + n]
+        at += n
+    validity, null_count = _take_validity(array, rows)
+    offsets_buf = pa.py_buffer(new_offsets)
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        child_type = array.type.value_type
+        count = int(new_offsets[-1])
+        values = pa.Array.from_buffers(child_type, count, [None, gathered])
+        return pa.Array.from_buffers(
+            array.type, len(rows), [validity, offsets_buf], null_count, children=[values]
+        )
+    return pa.Array.from_buffers(array.type, len(rows), [validity, offsets_buf, gathered], null_count)
+
+
+def _take_validity(array: pa.Array, rows: np.ndarray) -> tuple[pa.Buffer | None, int]:
+    """The validity bitmap of ``array[rows]`` and its null count (None, 0 without nulls)."""
+    if array.null_count == 0:
+        return None, 0
+    bitmap = np.frombuffer(array.buffers()[0], dtype=np.uint8)
+    bits = np.unpackbits(bitmap, bitorder="little")[array.offset : array.offset + len(array)]
+    valid = bits[rows]
+    return pa.py_buffer(np.packbits(valid, bitorder="little")), int(len(valid) - valid.sum())
