@@ -4,7 +4,10 @@ Importing ``pyarrow.compute`` builds Arrow's kernel registry and a Python wrappe
 function: about 9 MB of memory in every process that does it, DataLoader workers
 included. A loader needs only ``take``, and only for a few layouts, so strings,
 binaries and variable-length lists of fixed-width values are gathered here from their
-offsets with numpy; any other type falls back to ``pyarrow.compute.take``.
+offsets (one ``bytes.join`` of the rows' slices: about 1.7x the time of Arrow's take
+here, which is still a small part of a shuffled batch); any other type falls back to
+``pyarrow.compute.take``. The copies are Python-allocated buffers, made and freed on the
+consuming thread.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ __all__ = ["take_rows"]
 
 
 def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
-    """A new array of ``array[rows]`` (``rows``: non-negative int row numbers), owning its memory."""
+    """A new array of ``array[rows]`` (``rows``: non-negative int row numbers) in memory of its
+    own (it never points into ``array``'s buffers)."""
     rows = np.asarray(rows, dtype=np.int64)
     typ = array.type
     if _is_binary_like(typ):
@@ -74,14 +78,10 @@ def _take_variable(
     new_offsets = np.zeros(len(rows) + 1, dtype=offsets.dtype)
     np.cumsum(ends - starts, out=new_offsets[1:])
     view = memoryview(data).cast("B") if data is not None else memoryview(b"")
-    base = values_offset * width
-    gathered = pa.allocate_buffer(int(new_offsets[-1]) * width, memory_pool=loader_memory_pool())
-    out = memoryview(gathered).cast("B")
-    at = 0
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        n = (e - s) * width
-        out[at : at + n] = view[base + s * width : base + s * width + n]
-        at += n
+    if width != 1 or values_offset:
+        view = view[values_offset * width :]
+        starts, ends = starts * width, ends * width
+    gathered = pa.py_buffer(b"".join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist())]))
     validity, null_count = _take_validity(array, rows)
     offsets_buf = pa.py_buffer(new_offsets)
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):

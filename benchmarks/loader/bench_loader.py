@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks.loader.measure import (
     MemorySampler,
     code_state,
+    compile_bytecode,
     cpu_seconds,
     median,
     pyplot,
@@ -277,6 +278,7 @@ def main() -> None:
     if args.cmd == "s3":
         bench_s3.main_s3(args)
         return
+    compile_bytecode()
     code_at_start = code_state()
     results = run(args)
     write_results(

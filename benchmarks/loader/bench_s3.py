@@ -45,6 +45,7 @@ from benchmarks.loader.measure import (
     DiskSampler,
     MemorySampler,
     code_state,
+    compile_bytecode,
     cpu_seconds,
     disk_bytes,
     median,
@@ -328,6 +329,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_s3(args: argparse.Namespace) -> None:
     """Run the cold benchmark and write ``loader-s3.{json,md,png}``."""
+    compile_bytecode()
     code_at_start = code_state()
     results = run(args)
     write_results(

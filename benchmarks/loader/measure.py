@@ -17,7 +17,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DiskSampler", "MemorySampler", "code_state", "cpu_seconds", "disk_bytes", "median", "spawn"]
+__all__ = [
+    "DiskSampler",
+    "MemorySampler",
+    "code_state",
+    "compile_bytecode",
+    "cpu_seconds",
+    "disk_bytes",
+    "median",
+    "spawn",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,6 +170,22 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+_PACKAGES = ("loaders", "datastore", "cachetier", "versioning")
+
+
+def compile_bytecode() -> None:
+    """Write the bytecode of our packages, as ``pip install`` does for the peers.
+
+    This tree is used in place (an editable install), and where ``PYTHONDONTWRITEBYTECODE``
+    is set (it is on this machine) every fresh process would otherwise compile our modules
+    from source again, about 0.15 s of CPU counted against ours and not against the peers.
+    """
+    import compileall
+
+    for package in _PACKAGES:
+        compileall.compile_dir(ROOT / package, quiet=1)
+
+
 def code_state() -> dict[str, str]:
     """The commit and a hash of the loader stack's sources as they are now (edits included).
 
@@ -173,7 +198,7 @@ def code_state() -> dict[str, str]:
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     digest = hashlib.sha256()
-    for package in ("loaders", "datastore", "cachetier", "versioning"):
+    for package in _PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return {"commit": head, "sources": digest.hexdigest()[:16]}

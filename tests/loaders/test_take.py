@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore import Repo
-from loaders.source import loader_memory_pool
 from loaders.take import take_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,15 +63,6 @@ def test_take_rows_gives_what_arrow_take_gives(case):
     taken.validate(full=True)
     assert taken.type == array.type
     assert taken.to_pylist() == pc.take(array, pa.array(rows, pa.int64())).to_pylist()
-
-
-def test_gathered_values_come_from_the_loader_pool():
-    pool = loader_memory_pool()
-    texts = pa.array(["x" * 1000] * 100)
-    before = pool.bytes_allocated()
-    taken = take_rows(texts, np.arange(0, 100, 2))
-    assert pool.bytes_allocated() - before >= 50 * 1000
-    assert taken.to_pylist() == ["x" * 1000] * 50
 
 
 _READER = """
