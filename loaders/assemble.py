@@ -21,10 +21,10 @@ A shard read from a shared mapping (the RAM tier) is kept whole: its pages cost 
 reader nothing once dropped, and a copy would be private memory.
 
 Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
-(:meth:`loaders.decoded.DecodedShard.drop_pages`): in order, every ``_DROP_BYTES``;
-with shuffle, after each gathered block, whose rows are copies. So a reader's RSS holds
-about one block of shard pages, whatever the shards weigh; what it reads again maps
-back from tmpfs.
+(:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
+records read, in order or gathered, and after each gathered block, whose rows are
+copies. So a reader's RSS holds a few MiB of shard pages, whatever the shards weigh;
+what it reads again maps back from tmpfs (at the cost of a page fault).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from loaders.columns import Kind
-from loaders.decoded import GatheredRows, slice_rows
+from loaders.decoded import DROP_BYTES, GatheredRows, slice_rows
 from loaders.plan import EpochPlan
 from loaders.prefetch import ShardPrefetcher
 
@@ -45,8 +45,6 @@ __all__ = ["batch_rows"]
 _PIECE_ROWS = 2048
 #: Copy out the oldest shard of a window when the reader needs at most this share of it.
 _SUBSET_SHARE = 0.4
-#: Reading in order, a reader unmaps the pages it has passed after about this many bytes.
-_DROP_BYTES = 4 << 20
 
 #: A span's column kinds, its pieces (one per run of rows) and its length.
 Parts = tuple[dict[str, Kind], list[dict[str, Any]], int]
@@ -76,7 +74,7 @@ def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
             passed += shard.row_bytes * (rows.stop - rows.start)
         first = False
         yield kinds, parts, n
-        if passed >= _DROP_BYTES:  # the batch is built: the pages behind it are not needed
+        if passed >= DROP_BYTES:  # the batch is built: the pages behind it are not needed
             shard.drop_pages()
             passed = 0.0
 

@@ -27,6 +27,7 @@ from cachetier.errors import BadInputError
 from loaders.columns import Kind, RaggedKind, kind_of, lengths_key
 
 __all__ = [
+    "DROP_BYTES",
     "DecodedShard",
     "GatheredRows",
     "batch_from_pieces",
@@ -37,9 +38,10 @@ __all__ = [
 
 Pieces = dict[str, Any]
 _DISAGREE = "shards of one version disagree on their columns"
-#: Gathering, unmap the shard pages read after about this many bytes of records: rows
-#: picked at random touch whole pages, so a block of 2048 rows maps several times its size.
-_DROP_BYTES = 1 << 20
+#: A reader unmaps the shard pages it has read after about this many bytes of records (in
+#: order, and while gathering: rows picked at random touch whole pages, so a block of
+#: 2048 rows would map several times its own size).
+DROP_BYTES = 1 << 20
 
 
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
@@ -220,7 +222,7 @@ class GatheredRows:
                 at += len(local)
                 self._touched[shard.index] = shard
                 self._passed += len(local) * shard.row_bytes
-                if self._passed >= _DROP_BYTES:  # the rows are copies now: unmap their pages
+                if self._passed >= DROP_BYTES:  # the rows are copies now: unmap their pages
                     self.drop_pages()
         except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e

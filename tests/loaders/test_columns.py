@@ -181,7 +181,7 @@ def test_gathering_lets_go_of_the_pages_it_has_copied_as_it_goes():
     # A shared (mapped) shard's pages are dropped every ~1 MiB of records gathered, not
     # only when the block is done: random rows touch whole pages, so a 2048-row block
     # would otherwise map several times its own size.
-    from loaders.decoded import _DROP_BYTES
+    from loaders.decoded import DROP_BYTES
 
     texts = pa.array([f"{i:08d}" + "x" * 1016 for i in range(8192)])  # 1 KB records
     table = pa.Table.from_batches(pa.table({"text": texts}).to_batches(max_chunksize=256))
@@ -194,7 +194,7 @@ def test_gathering_lets_go_of_the_pages_it_has_copied_as_it_goes():
         gathered.add({0: shard}, 0, part)
     gathered.finish()
     record = shard.row_bytes
-    assert len(drops) >= len(rows) * record // (2 * _DROP_BYTES)
-    assert len(drops) <= len(rows) * record // _DROP_BYTES + 1
+    assert len(drops) >= len(rows) * record // (2 * DROP_BYTES)
+    assert len(drops) <= len(rows) * record // DROP_BYTES + 1
     kinds, piece = gathered.take(0, len(rows))
     assert [int(t[:8]) for t in batch_from_pieces(kinds, [piece])["text"]] == rows.tolist()
