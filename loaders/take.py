@@ -23,7 +23,7 @@ __all__ = ["take_rows"]
 def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
     """A new array of ``array[rows]`` (``rows``: non-negative int row numbers) in memory of its
     own (it never points into ``array``'s buffers)."""
-    rows = np.asarray(rows, dtype=np.int64)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
     typ = array.type
     if _is_binary_like(typ):
         return _take_variable(array, rows, array.buffers()[2], 1)
