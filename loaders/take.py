@@ -49,8 +49,9 @@ def _is_binary_like(typ: pa.DataType) -> bool:
 
 
 def _fixed_width(typ: pa.DataType) -> int:
-    """Bytes per value of a fixed-width, byte-aligned type; 0 for anything else."""
-    if pa.types.is_boolean(typ) or pa.types.is_nested(typ) or pa.types.is_dictionary(typ):
+    """Bytes per value of a fixed-width, byte-aligned type; 0 for anything else (bits,
+    nested types, and dictionaries, whose ``bit_width`` is that of their indices)."""
+    if pa.types.is_dictionary(typ):
         return 0
     try:
         bits = typ.bit_width

@@ -26,17 +26,23 @@ _TYPES = [
     pa.list_(pa.int32()),
     pa.large_list(pa.float64()),
     pa.list_(pa.int8()),
+    pa.list_(pa.decimal128(10, 2)),
+    pa.list_(pa.bool_()),  # no fast path (bits): falls back to compute
     pa.list_(pa.struct([("a", pa.int64())])),  # no fast path: falls back to compute
 ]
 
 
-def _values(typ: pa.DataType, draw_int: st.SearchStrategy[int]) -> st.SearchStrategy:
+def _values(typ: pa.DataType) -> st.SearchStrategy:
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         item = st.text(max_size=12)
     elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
         item = st.binary(max_size=12)
     elif pa.types.is_struct(typ.value_type):
         item = st.lists(st.fixed_dictionaries({"a": st.integers(-5, 5)}), max_size=4)
+    elif pa.types.is_boolean(typ.value_type):
+        item = st.lists(st.booleans(), max_size=6)
+    elif pa.types.is_decimal(typ.value_type):
+        item = st.lists(st.decimals(-999, 999, places=2), max_size=6)
     elif pa.types.is_floating(typ.value_type):
         item = st.lists(st.floats(allow_nan=False, width=64), max_size=6)
     else:
@@ -47,7 +53,7 @@ def _values(typ: pa.DataType, draw_int: st.SearchStrategy[int]) -> st.SearchStra
 @st.composite
 def _cases(draw):
     typ = draw(st.sampled_from(_TYPES))
-    values = draw(_values(typ, st.integers()))
+    values = draw(_values(typ))
     array = pa.array(values, typ)
     start = draw(st.integers(0, len(array) - 1))
     array = array.slice(start, draw(st.integers(1, len(array) - start)))  # an offset, as in a chunk
