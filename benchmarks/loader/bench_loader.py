@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 import warnings
@@ -139,7 +140,10 @@ def _measure(base: dict[str, Any], mode: str, **extra: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every loader on every setting; repeats interleave the loaders so they share conditions."""
+    """Every loader on every setting. Within a worker count, each repeat runs every loader
+    with the shuffle off and then on, so settings compared side by side (the loaders, and
+    a loader's shuffle on against off) share the machine's conditions of that moment; the
+    shuffle's cost is also reported paired, as the median over repeats of on / off."""
     from benchmarks.loader.candidates import CANDIDATES, RunConfig
     from benchmarks.loader.data import ensure_dataset
 
@@ -153,6 +157,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             print(f"skip {name}: {', '.join(CANDIDATES[name].requires)} not importable", file=sys.stderr)
     results = []
     for workers in (int(w) for w in args.workers.split(",")):
+        bases, states = {}, {}
         for shuffle in (False, True):
             cfg = RunConfig(
                 paths=tuple(map(str, paths)),
@@ -162,42 +167,52 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 batch_size=args.batch_size,
                 shuffle_window=args.shuffle_window,
             )
-            bases, states = {}, {}
             for name in names:
                 CANDIDATES[name].prepare(cfg)
-                bases[name] = {"loader": name, "cfg": cfg.__dict__}
-                states[name] = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
-                _measure(bases[name], "save_half", half=args.samples // 2, state_file=states[name])
-            epochs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-            resumes: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-            for _ in range(args.repeats):
-                for name in names:
-                    epochs[name].append(_measure(bases[name], "epoch"))
-                    resumes[name].append(_measure(bases[name], "resume", state_file=states[name]))
-            for name in names:
-                memory = (
-                    _measure(bases[name], "memory", epochs=args.memory_epochs) if args.memory_epochs else {}
+                bases[name, shuffle] = {"loader": name, "cfg": cfg.__dict__}
+                states[name, shuffle] = str(work / f"state-{name}-{workers}-{int(shuffle)}.json")
+                _measure(
+                    bases[name, shuffle],
+                    "save_half",
+                    half=args.samples // 2,
+                    state_file=states[name, shuffle],
                 )
-                ep, rs = epochs[name], resumes[name]
-                row = {
-                    "loader": name,
-                    "workers": workers,
-                    "shuffle": shuffle,
-                    "repeats": args.repeats,
-                    "samples": ep[0]["samples"],
-                    "cpu_us_per_sample": median(ep, "cpu_us_per_sample"),
-                    "samples_per_s": median(ep, "samples_per_s"),
-                    "first_batch_s": median(ep, "first_batch_s"),
-                    "resume_first_batch_s": median(rs, "first_batch_s"),
-                    "resumed_samples": rs[0]["resumed_samples"],
-                    "resume_saved_after": rs[0]["saved_delivered"],
-                    "peak_rss_mb": median(ep, "peak_rss_mb"),
-                    "peak_pss_mb": median(ep, "peak_pss_mb"),
-                    "epoch_peak_pss_mb": memory.get("epoch_peak_pss_mb"),
-                    "epoch_peak_rss_mb": memory.get("epoch_peak_rss_mb"),
-                }
-                print(json.dumps(row), file=sys.stderr)
-                results.append(row)
+        epochs: dict[tuple[str, bool], list[dict[str, Any]]] = {key: [] for key in bases}
+        resumes: dict[tuple[str, bool], list[dict[str, Any]]] = {key: [] for key in bases}
+        for _ in range(args.repeats):
+            for shuffle in (False, True):
+                for name in names:
+                    key = (name, shuffle)
+                    epochs[key].append(_measure(bases[key], "epoch"))
+                    resumes[key].append(_measure(bases[key], "resume", state_file=states[key]))
+        for (name, shuffle), base in bases.items():
+            memory = _measure(base, "memory", epochs=args.memory_epochs) if args.memory_epochs else {}
+            ep, rs = epochs[name, shuffle], resumes[name, shuffle]
+            paired = [
+                on["cpu_us_per_sample"] / off["cpu_us_per_sample"]
+                for off, on in zip(epochs[name, False], epochs[name, True])
+            ]
+            row = {
+                "loader": name,
+                "workers": workers,
+                "shuffle": shuffle,
+                "repeats": args.repeats,
+                "samples": ep[0]["samples"],
+                "cpu_us_per_sample": median(ep, "cpu_us_per_sample"),
+                "cpu_us_per_sample_runs": [e["cpu_us_per_sample"] for e in ep],
+                "shuffle_cost_paired": statistics.median(paired) if shuffle else None,
+                "samples_per_s": median(ep, "samples_per_s"),
+                "first_batch_s": median(ep, "first_batch_s"),
+                "resume_first_batch_s": median(rs, "first_batch_s"),
+                "resumed_samples": rs[0]["resumed_samples"],
+                "resume_saved_after": rs[0]["saved_delivered"],
+                "peak_rss_mb": median(ep, "peak_rss_mb"),
+                "peak_pss_mb": median(ep, "peak_pss_mb"),
+                "epoch_peak_pss_mb": memory.get("epoch_peak_pss_mb"),
+                "epoch_peak_rss_mb": memory.get("epoch_peak_rss_mb"),
+            }
+            print(json.dumps(row), file=sys.stderr)
+            results.append(row)
     results.sort(key=lambda r: (names.index(r["loader"]), r["workers"], r["shuffle"]))
     return results
 
@@ -210,9 +225,10 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"Loader benchmark: {args.samples} samples, {args.shards} shards, batch {args.batch_size}, "
         f"median of {args.repeats} fresh processes; CPU = process + workers.",
         "",
-        "| loader | workers | shuffle | CPU µs/sample | x limit | samples/s | first batch s "
-        "| resume first batch s | resumed samples | peak RSS MB | peak PSS MB | PSS per epoch MB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| loader | workers | shuffle | CPU µs/sample | x limit | shuffle on / off (paired) | samples/s "
+        "| first batch s | resume first batch s | resumed samples | peak RSS MB | peak PSS MB "
+        "| PSS per epoch MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         ratio = r["cpu_us_per_sample"] / limit[r["workers"]] if r["workers"] in limit else None
@@ -223,6 +239,7 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             "on" if r["shuffle"] else "off",
             f"{r['cpu_us_per_sample']:.1f}",
             "" if ratio is None else f"{ratio:.2f}",
+            "" if r.get("shuffle_cost_paired") is None else f"{r['shuffle_cost_paired']:.2f}",
             f"{r['samples_per_s']:.0f}",
             f"{r['first_batch_s']:.3f}",
             f"{r['resume_first_batch_s']:.3f}",
