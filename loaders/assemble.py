@@ -22,9 +22,10 @@ reader nothing once dropped, and a copy would be private memory.
 
 Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
 (:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
-records read, in order or gathered, and after each gathered block, whose rows are
-copies. So a reader's RSS holds a few MiB of shard pages, whatever the shards weigh;
-what it reads again maps back from tmpfs (at the cost of a page fault).
+records read in order, every shuffle block (``plan.block``, 4 MiB by default) of
+records gathered, and after each gathered block, whose rows are copies. So a reader's
+RSS holds a few MiB of shard pages, whatever the shards weigh; what it reads again maps
+back from tmpfs (at the cost of a page fault).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ __all__ = ["batch_rows"]
 
 #: Records gathered at once: the per-chunk calls are paid once per group of this many.
 _PIECE_ROWS = 2048
+#: With shuffle blocks, at least this many, and then on to the end of a block.
+_BLOCK_PIECE_ROWS = _PIECE_ROWS // 2
 #: Copy out the oldest shard of a window when the reader needs at most this share of it.
 _SUBSET_SHARE = 0.4
 
@@ -91,8 +94,17 @@ def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
             group.append(spans[i])
             rows += group[-1][1]
             i += 1
-        target = min(2 * rows, _PIECE_ROWS)
-        gathered = GatheredRows(rows, spare)
+        if plan.block and target == _BLOCK_PIECE_ROWS:
+            # go on to the end of the shuffle block: the next group then starts with a
+            # whole block, whose runs come out as ranges of rows, none of its pages read twice
+            end = plan.block_end(group[-1][0] + group[-1][1] - 1)
+            while i < len(spans) and spans[i][0] < end:
+                group.append(spans[i])
+                rows += group[-1][1]
+                i += 1
+        target = min(2 * rows, _BLOCK_PIECE_ROWS if plan.block else _PIECE_ROWS)
+        # a page-local shuffle reads a block's pages about once if they stay mapped that long
+        gathered = GatheredRows(rows, spare, max(DROP_BYTES, plan.block))
         window, segments = -1, []
         for s, (pos, n) in enumerate(group, first):
             for w, lo, hi in plan.segments(pos, pos + n):

@@ -182,11 +182,15 @@ class GatheredRows:
     stop)`` gives the pieces of positions ``[start, stop)``. Within an ``add`` the
     records are copied chunk by chunk (one call per chunk and column), so the block is
     in chunk order; ``where`` maps each position to its row of the block. ``spare``
-    holds the blocks of an earlier instance, reused when they fit.
+    holds the blocks of an earlier instance, reused when they fit. The pages gathered
+    from are unmapped every ``drop_bytes`` of records.
     """
 
-    def __init__(self, rows: int, spare: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, rows: int, spare: Mapping[str, Any] | None = None, drop_bytes: float = DROP_BYTES
+    ) -> None:
         self.rows = rows
+        self.drop_bytes = drop_bytes
         self.kinds: dict[str, Kind] | None = None
         self.blocks: dict[str, Any] = {}
         self.where = np.empty(rows, dtype=np.int64)
@@ -222,7 +226,7 @@ class GatheredRows:
                 at += len(local)
                 self._touched[shard.index] = shard
                 self._passed += len(local) * shard.row_bytes
-                if self._passed >= DROP_BYTES:  # the rows are copies now: unmap their pages
+                if self._passed >= self.drop_bytes:  # the rows are copies now: unmap their pages
                     self.drop_pages()
         except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
@@ -272,7 +276,8 @@ def _by_chunk(
     shards: Mapping[int, DecodedShard], which: int | np.ndarray, rows: np.ndarray
 ) -> tuple[list[tuple[DecodedShard, int, np.ndarray]], np.ndarray | None]:
     """Addresses grouped by chunk: ``(shard, chunk, rows in the chunk)`` per group, in
-    chunk order, and the positions sorted the same way (None: they already are)."""
+    address order (so the runs of a page-local shuffle come out as ranges of rows), and
+    the positions sorted the same way (None: they already are)."""
     if isinstance(which, (int, np.integer)):
         members = [shards[int(which)]]
         offsets = np.zeros(1, dtype=np.int64)
@@ -290,12 +295,13 @@ def _by_chunk(
         offsets = np.cumsum([0] + [s.rows for s in members[:-1]], dtype=np.int64)
         where = offsets[which - first] + rows
     if len(members) == 1 and len(members[0].bounds) == 2:
-        return [(members[0], 0, rows)], None
+        order = np.argsort(rows)  # rows are distinct: any sort gives this order
+        return [(members[0], 0, rows[order])], order
     starts = np.concatenate([s.bounds[:-1] + off for s, off in zip(members, offsets)])
     owner = [(s, c) for s in members for c in range(len(s.bounds) - 1)]
     chunk = np.searchsorted(starts, where, "right") - 1
     local = where - starts[chunk]
-    order = np.argsort(chunk, kind="stable")
+    order = np.argsort(where)  # addresses are distinct: any sort gives this order
     ordered = chunk[order]
     cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(order)]
     groups = []

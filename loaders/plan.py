@@ -16,6 +16,18 @@ Positions ``0 .. N-1`` of an epoch map to records ``(shard, row)``:
   many small shards (a ``files`` dataset cuts 64 KiB shards) mix as many records per
   window as one of big shards, instead of a handful.
 
+Within a window, records are shuffled *page-locally* when the plan has a ``block`` (in
+the weight unit: decoded bytes for a repository). A group that weighs more than a block
+is cut into *runs* of neighbouring rows (``block / 16`` each); the group permutes whole
+runs, so its parts are made of runs; a window permutes its runs and cuts them into
+*blocks* of about ``block`` each, and the records of each block are permuted among
+themselves. Consecutive positions then read a few small ranges of the shards, not rows
+scattered over the whole window: a shuffled epoch maps each page about once, as an
+unshuffled one does, instead of once per gathered batch (the idea of FFCV's quasi-random
+order). A batch mixes the records of about 16 runs from all the groups of its window. A
+group that weighs at most a block has runs of one row, so a window of such groups is
+permuted uniformly; ``block=0`` permutes every window uniformly.
+
 The order depends on nothing else: not on ranks, workers, batch size or numpy's random
 stream. Permutations come from sorting a keyed SplitMix64 hash of the indices, a function
 fixed here forever, so two machines (or two numpy versions) agree on every position.
@@ -39,6 +51,10 @@ __all__ = ["EpochPlan", "Rows", "keyed_permutation", "make_plan", "plan_key"]
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+#: Runs in a shuffle block (see the module docstring).
+RUNS_PER_BLOCK = 16
+#: A group is cut into runs that each of its ``window`` parts gets at least this many of.
+_MIN_RUNS_PER_PART = 4
 
 #: Where a window's positions live: ``(shard, row slice)`` when they come from one shard
 #: in order, else ``(shard per position, row per position)``; shards are plan indices.
@@ -58,6 +74,13 @@ def keyed_permutation(n: int, key: int) -> np.ndarray:
     the low 32 bits: all distinct, so every sort algorithm (numpy's fast unstable one
     included) gives the same order.
     """
+    x = _sort_keys(n, key)
+    x |= np.arange(n, dtype=np.uint64)
+    return np.argsort(x)
+
+
+def _sort_keys(n: int, key: int) -> np.ndarray:
+    """The high 32 bits of a keyed SplitMix64 hash of each of ``range(n)`` (low bits zero)."""
     if n >= 1 << 32:
         raise BadInputError(f"cannot permute {n} items", subject="shuffle window", hint="use smaller shards")
     index = np.arange(n, dtype=np.uint64)
@@ -68,8 +91,7 @@ def keyed_permutation(n: int, key: int) -> np.ndarray:
     x *= _MIX2
     x ^= x >> np.uint64(31)
     x &= np.uint64(0xFFFFFFFF00000000)
-    x |= index
-    return np.argsort(x)
+    return x
 
 
 class _Lru(OrderedDict):
@@ -102,6 +124,8 @@ class EpochPlan:
         shard_ids: tuple[str, ...],
         counts: np.ndarray,
         groups: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        block: int = 0,
     ) -> None:
         self.version = version
         self.seed = seed
@@ -118,12 +142,28 @@ class EpochPlan:
         first_rows = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         #: records of each group
         self.group_counts = first_rows[self.groups[1:]] - first_rows[self.groups[:-1]]
-        #: part j of group g covers its permuted rows [parts[g, j], parts[g, j+1])
+        #: the weight of a shuffle block (0: uniform windows), see the module docstring
+        self.block = block if shuffle and weights is not None and g_count else 0
+        #: rows per run of each group (1 everywhere without blocks); weight of a row of each
+        #: group, in whole units (integers keep the cut into blocks exact on any machine)
+        self.run_rows = np.ones(g_count, dtype=np.int64)
+        self.row_weight = np.ones(g_count, dtype=np.int64)
+        if self.block:
+            assert weights is not None
+            first_weight = np.concatenate([[0], np.cumsum(weights)]).astype(np.int64)
+            group_weights = first_weight[self.groups[1:]] - first_weight[self.groups[:-1]]
+            self.row_weight = np.maximum(1, group_weights // np.maximum(self.group_counts, 1))
+            self.run_rows = _run_rows(self.group_counts, group_weights, self.block, k)
+        # Part j of group g covers its permuted rows [parts[g, j], parts[g, j+1]): whole
+        # runs, the short run (count % run_rows) last.
+        full_runs = self.group_counts // self.run_rows
         self.parts = (
-            (np.arange(k + 1, dtype=np.int64)[None, :] * self.group_counts[:, None]) // k
+            (np.arange(k + 1, dtype=np.int64)[None, :] * full_runs[:, None]) // k * self.run_rows[:, None]
             if g_count
             else np.zeros((0, k + 1), np.int64)
         )
+        if g_count:
+            self.parts[:, k] = self.group_counts
         num_windows = g_count + k - 1 if g_count else 0
         sizes = np.zeros(num_windows, dtype=np.int64)
         for j in range(k):
@@ -181,7 +221,7 @@ class EpochPlan:
         """The ``(shard, row)`` addresses of window ``w``'s positions ``[lo, hi)``."""
         if not self.shuffle:
             return w, slice(lo, hi)
-        which, rows = self._window_map(w)
+        which, rows, _ = self._window_map(w)
         if self.k == 1 and self._bounds[w + 1] - self._bounds[w] == 1:
             return self._bounds[w], rows[lo:hi]
         return which[lo:hi], rows[lo:hi]
@@ -192,9 +232,11 @@ class EpochPlan:
         if cached is not None:
             return cached
         lo, hi = self._bounds[g], self._bounds[g + 1]
-        perm = keyed_permutation(
-            int(self.group_counts[g]), plan_key(self.version, self.seed, self.epoch, 2, g)
-        )
+        count, run = int(self.group_counts[g]), int(self.run_rows[g])
+        perm = keyed_permutation(count // run, plan_key(self.version, self.seed, self.epoch, 2, g))
+        if run > 1:  # whole runs move; the short run stays last
+            perm = (perm[:, None] * run + np.arange(run)).ravel()
+            perm = np.concatenate([perm, np.arange(len(perm), count)])
         if hi - lo == 1:
             result = (np.full(len(perm), lo, dtype=np.int64), perm)
         else:
@@ -204,12 +246,25 @@ class EpochPlan:
         self._group_rows_cache.put(g, result)
         return result
 
-    def _window_map(self, w: int) -> tuple[np.ndarray, np.ndarray]:
-        """For every position of window ``w``: its shard (plan index) and row."""
+    def block_end(self, position: int) -> int:
+        """The position after the shuffle block that holds ``position`` (without blocks:
+        after its window)."""
+        w = self.window_of(position)
+        base, end = self._starts[w], self._starts[w + 1]
+        if not self.block:
+            return end
+        starts = self._window_map(w)[2]
+        after = int(np.searchsorted(starts, position - base, side="right"))
+        return base + int(starts[after]) if after < len(starts) else end
+
+    def _window_map(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every position of window ``w``: its shard (plan index) and row; and the
+        window-relative first position of each of its shuffle blocks."""
         cached = self._window_maps.get(w)
         if cached is not None:
             return cached
-        which_parts, row_parts = [], []
+        which_parts, row_parts, run_parts, weight_parts = [], [], [], []
+        runs = 0
         for j in range(self.k):
             g = w - j
             if 0 <= g < len(self.group_counts):
@@ -217,12 +272,53 @@ class EpochPlan:
                 which, rows = self._group_rows(g)
                 which_parts.append(which[a:b])
                 row_parts.append(rows[a:b])
+                if self.block and b > a:
+                    run_parts.append(np.arange(b - a, dtype=np.int64) // self.run_rows[g] + runs)
+                    weight_parts.append(np.full(b - a, self.row_weight[g]))
+                    runs = int(run_parts[-1][-1]) + 1
         which = np.concatenate(which_parts)
         rows = np.concatenate(row_parts)
-        order = keyed_permutation(len(rows), plan_key(self.version, self.seed, self.epoch, 1, w))
-        result = (which[order], rows[order])
+        if run_parts:  # with blocks (and records)
+            order, block_starts = self._block_order(
+                np.concatenate(run_parts), np.concatenate(weight_parts), runs, w
+            )
+        else:
+            order = keyed_permutation(len(rows), plan_key(self.version, self.seed, self.epoch, 1, w))
+            block_starts = np.zeros(1, dtype=np.int64)
+        result = (which[order], rows[order], block_starts)
         self._window_maps.put(w, result)
         return result
+
+    def _block_order(
+        self, run_of: np.ndarray, weight: np.ndarray, runs: int, w: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``w``'s order from the run and weight of each of its records (runs
+        permuted, cut into blocks of about ``block``, records permuted within their
+        block), and the first position of each block."""
+        perm = keyed_permutation(runs, plan_key(self.version, self.seed, self.epoch, 1, w))
+        run_weight = np.bincount(run_of, weights=weight, minlength=runs).astype(np.int64)[perm]
+        block_of_run = np.empty(runs, dtype=np.int64)
+        block_of_run[perm] = (np.cumsum(run_weight) - run_weight) // self.block
+        block_of = block_of_run[run_of]
+        sizes = np.bincount(block_of)
+        starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]]).astype(np.int64)
+        return _sort_within(block_of, plan_key(self.version, self.seed, self.epoch, 3, w)), starts
+
+
+def _sort_within(group_of: np.ndarray, key: int) -> np.ndarray:
+    """The indices of ``group_of`` (non-negative ints) by group, in an order determined
+    by ``key`` within each group: one sort of unique 64-bit keys (group, hash, index)."""
+    n = len(group_of)
+    index_bits = max(1, (n - 1).bit_length())
+    group_bits = max(1, int(group_of.max(initial=0)).bit_length())
+    hash_bits = min(32, 64 - index_bits - group_bits)
+    hashed = _sort_keys(n, key) >> np.uint64(64 - hash_bits)
+    if hash_bits < 16:  # a window of billions of records: sort in two passes
+        return np.lexsort((hashed, group_of))
+    x = group_of.astype(np.uint64) << np.uint64(hash_bits + index_bits)
+    x |= hashed << np.uint64(index_bits)
+    x |= np.arange(n, dtype=np.uint64)
+    return np.argsort(x)
 
 
 def make_plan(
@@ -235,13 +331,17 @@ def make_plan(
     window: int,
     weights: Sequence[int] | None = None,
     min_group: int = 0,
+    block: int = 0,
 ) -> EpochPlan:
     """The plan of ``epoch`` over ``shards`` (version order); empty shards are left out.
 
     With ``shuffle``, shards are grouped (after their permutation) into runs that weigh
     at least ``min_group``; ``weights`` are the shards' weights in the units of
-    ``min_group`` (such as decoded bytes), their record counts when None.
+    ``min_group`` and ``block`` (such as decoded bytes), their record counts when None.
+    With ``block`` windows are shuffled page-locally (see the module docstring).
     """
+    if block < 0:
+        raise BadInputError(f"shuffle block of {block} bytes", subject="shuffle_block", hint="use 0 or more")
     if window < 1:
         raise BadInputError(
             f"shuffle window of {window} shards", subject="shuffle_window", hint="use 1 or more"
@@ -262,7 +362,16 @@ def make_plan(
         ids = [ids[i] for i in order]
         counts, weight = counts[order], weight[order]
         groups = _group_bounds(weight, min_group)
-    return EpochPlan(version, seed, epoch, shuffle, window, tuple(ids), counts, groups)
+    return EpochPlan(version, seed, epoch, shuffle, window, tuple(ids), counts, groups, weight, block)
+
+
+def _run_rows(counts: np.ndarray, weights: np.ndarray, block: int, window: int) -> np.ndarray:
+    """Rows per run of each group: 1 for a group that weighs at most ``block``, else
+    ``block / RUNS_PER_BLOCK`` of its weight, but small enough that each of the group's
+    ``window`` parts gets a few runs."""
+    rows = (block // RUNS_PER_BLOCK) * counts // np.maximum(weights, 1)
+    rows = np.minimum(rows, counts // (_MIN_RUNS_PER_PART * window))
+    return np.where(weights > block, np.maximum(rows, 1), 1).astype(np.int64)
 
 
 def _group_bounds(weight: np.ndarray, min_group: int) -> np.ndarray:

@@ -3,12 +3,14 @@
 ::
 
     {"format": 1, "version": "<id>", "seed": 0, "epoch": 3, "consumed": 81920,
-     "records": 100000, "shuffle": true, "window": 4, "group": 33554432}
+     "records": 100000, "shuffle": true, "window": 4, "group": 33554432,
+     "block": 4194304}
 
 ``consumed`` counts global samples (all ranks together) and is always a prefix of the
 epoch's order (see :mod:`loaders.partition`), so a state resumes under any world size,
-worker count or batch size. ``records``, ``shuffle``, ``window`` and ``group`` (the
-plan's ``min_group``: the decoded bytes that group small shards) pin down the plan;
+worker count or batch size. ``records``, ``shuffle``, ``window``, ``group`` (the
+plan's ``min_group``: the decoded bytes that group small shards) and ``block`` (the
+plan's shuffle block; a state without it predates blocks: 0) pin down the plan;
 a state whose version, seed or plan differs from the dataset's is refused.
 
 A state taken inside one DataLoader worker (torchdata's ``StatefulDataLoader`` asks
@@ -75,6 +77,7 @@ class LoaderState:
     window: int
     worker: WorkerProgress | None = None
     group: int = 0
+    block: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict (well under 1 KB)."""
@@ -88,6 +91,7 @@ class LoaderState:
             "shuffle": self.shuffle,
             "window": self.window,
             "group": self.group,
+            "block": self.block,
         }
         if self.worker is not None:
             d["worker"] = self.worker.to_dict()
@@ -118,10 +122,19 @@ class LoaderState:
             window=_int(d, "window", "window", minimum=1),
             worker=None if worker is None else WorkerProgress.from_dict(worker),
             group=_int(d, "group", "group") if "group" in d else 0,
+            block=_int(d, "block", "block") if "block" in d else 0,
         )
 
     def check_compatible(
-        self, *, version: str, seed: int, records: int, shuffle: bool, window: int, group: int = 0
+        self,
+        *,
+        version: str,
+        seed: int,
+        records: int,
+        shuffle: bool,
+        window: int,
+        group: int = 0,
+        block: int = 0,
     ) -> None:
         """Refuse (UsageError) a state whose epoch order differs from the dataset's."""
         if self.version != version:
@@ -136,12 +149,12 @@ class LoaderState:
                 subject=_SUBJECT,
                 hint=f"construct the dataset with seed={self.seed}",
             )
-        mine, theirs = (self.shuffle, self.window, self.group), (shuffle, window, group)
+        mine, theirs = (self.shuffle, self.window, self.group, self.block), (shuffle, window, group, block)
         if mine != theirs and (self.shuffle or shuffle):
             raise UsageError(
                 f"the state was made with shuffle={self.shuffle} shuffle_window={self.window} "
-                f"shuffle_group={self.group}, the dataset has shuffle={shuffle} "
-                f"shuffle_window={window} shuffle_group={group}",
+                f"shuffle_group={self.group} shuffle_block={self.block}, the dataset has "
+                f"shuffle={shuffle} shuffle_window={window} shuffle_group={group} shuffle_block={block}",
                 subject=_SUBJECT,
                 hint="construct the dataset with the same shuffle settings",
             )

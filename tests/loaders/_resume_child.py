@@ -19,7 +19,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     results = []
     for job in spec["jobs"]:
-        source = IpcShardSource.from_folder(spec["folder"])
+        source = IpcShardSource.from_folder(spec["folder"], record_bytes=spec.get("record_bytes"))
         ds = StreamingDataset(source, shuffle=True, seed=spec["seed"], batch_size=spec["batch_size"])
         loader = StreamingDataLoader(ds, num_workers=job["num_workers"])
         loader.load_state_dict(job["state"])

@@ -59,20 +59,41 @@ def write_shards(folder: Path, sizes: Sequence[int], batch_rows: int = 16) -> li
 
 
 class IpcShardSource:
-    """A ShardSource over Arrow IPC files: reads the whole file, drops ``__`` columns."""
+    """A ShardSource over Arrow IPC files: reads the whole file, drops ``__`` columns.
 
-    def __init__(self, paths: Sequence[str], sizes: Sequence[int], version_id: str = "v-test") -> None:
+    With ``record_bytes`` it also claims that many decoded bytes per record
+    (``shard_bytes``), as a repository's shard table does: the loader's plan then groups
+    shards and shuffles page-locally (loaders.plan) by those sizes.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        sizes: Sequence[int],
+        version_id: str = "v-test",
+        record_bytes: int | None = None,
+    ) -> None:
         self.paths = list(paths)
         self.version_id = version_id
+        self.record_bytes = record_bytes
         self.shards = [(os.path.basename(p), int(n)) for p, n in zip(paths, sizes)]
+        if record_bytes is not None:
+            self.shard_bytes = [n * record_bytes for _, n in self.shards]
         self._by_id = {os.path.basename(p): p for p in paths}
         self.reads: list[str] = []
         self.announced: list[list[str]] = []
 
     @classmethod
-    def from_folder(cls, folder: str | Path, version_id: str = "v-test") -> IpcShardSource:
+    def from_folder(
+        cls, folder: str | Path, version_id: str = "v-test", record_bytes: int | None = None
+    ) -> IpcShardSource:
         meta = json.loads((Path(folder) / "version.json").read_text())
-        return cls(meta["paths"], meta["sizes"], version_id)
+        return cls(meta["paths"], meta["sizes"], version_id, record_bytes)
+
+    def reopen(self, version_id: str | None = None) -> IpcShardSource:
+        """A fresh source over the same files and sizes (as another process would open it)."""
+        sizes = [n for _, n in self.shards]
+        return IpcShardSource(self.paths, sizes, version_id or self.version_id, self.record_bytes)
 
     def read_shard(self, shard_id: str, columns: Sequence[str] | None = None) -> pa.Table:
         self.reads.append(shard_id)

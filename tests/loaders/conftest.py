@@ -17,9 +17,16 @@ def shard_folder(tmp_path_factory):
     return folder
 
 
-@pytest.fixture
-def source(shard_folder):
-    return IpcShardSource.from_folder(shard_folder)
+#: Decoded bytes per record claimed by the "weighed" source: big enough that the default
+#: shuffle groups a few shards (8 MiB) and cuts them into runs and blocks (4 MiB).
+WEIGHED_RECORD_BYTES = 64 << 10
+
+
+@pytest.fixture(params=[None, WEIGHED_RECORD_BYTES], ids=["plain", "weighed"])
+def source(shard_folder, request):
+    """The shards, without decoded sizes (windows of single shards, uniformly shuffled) and
+    with them (groups of shards, page-local shuffle blocks)."""
+    return IpcShardSource.from_folder(shard_folder, record_bytes=request.param)
 
 
 @pytest.fixture(scope="session")

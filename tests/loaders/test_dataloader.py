@@ -107,7 +107,13 @@ def test_resume_in_a_fresh_process_for_any_worker_count(source, total_records, s
     full = StreamingDataset(source, shuffle=True, seed=11, batch_size=8)
     full.set_epoch(1)
     expected_full = ids_of(full)
-    spec = {"folder": str(shard_folder), "seed": 11, "batch_size": 8, "jobs": jobs}
+    spec = {
+        "folder": str(shard_folder),
+        "record_bytes": source.record_bytes,
+        "seed": 11,
+        "batch_size": 8,
+        "jobs": jobs,
+    }
     out = subprocess.run(
         [sys.executable, "-m", "tests.loaders._resume_child", json.dumps(spec)],
         cwd=ROOT,

@@ -167,7 +167,7 @@ def test_resume_from_any_cut_repeats_and_skips_nothing(source, total_records, cu
     state = json.loads(json.dumps(ds.state_dict()))
     assert len(json.dumps(state)) < 1024
     fresh = StreamingDataset(
-        IpcShardSource(source.paths, [n for _, n in source.shards]),
+        source.reopen(),
         shuffle=shuffle,
         seed=5,
         batch_size=batch_size,
@@ -196,7 +196,7 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next(source, total_
 
 def test_state_from_another_version_seed_or_plan_is_refused(source):
     state = StreamingDataset(source, shuffle=True, seed=1).state_dict()
-    other_version = IpcShardSource(source.paths, [n for _, n in source.shards], version_id="v-other")
+    other_version = source.reopen(version_id="v-other")
     with pytest.raises(UsageError, match="version"):
         StreamingDataset(other_version, shuffle=True, seed=1).load_state_dict(state)
     with pytest.raises(UsageError, match="seed=1"):
@@ -205,6 +205,12 @@ def test_state_from_another_version_seed_or_plan_is_refused(source):
         StreamingDataset(source, shuffle=False, seed=1).load_state_dict(state)
     with pytest.raises(UsageError, match="shuffle_window"):
         StreamingDataset(source, shuffle=True, seed=1, shuffle_window=3).load_state_dict(state)
+    with pytest.raises(UsageError, match="shuffle_block=1048576"):
+        StreamingDataset(source, shuffle=True, seed=1, shuffle_block="1MiB").load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "block"}  # a state saved before blocks
+    with pytest.raises(UsageError, match="shuffle_block=0"):
+        StreamingDataset(source, shuffle=True, seed=1).load_state_dict(older)
+    StreamingDataset(source, shuffle=True, seed=1, shuffle_block=0).load_state_dict(older)
     with pytest.raises(BadInputError, match="consumed"):
         StreamingDataset(source, shuffle=True, seed=1).load_state_dict({**state, "consumed": -1})
     with pytest.raises(BadInputError, match="format"):

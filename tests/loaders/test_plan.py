@@ -37,6 +37,13 @@ def test_keyed_permutation_is_frozen():
     # upgrade would otherwise see a different epoch. These values pin the function.
     assert keyed_permutation(8, 12345).tolist() == [2, 6, 0, 3, 1, 5, 7, 4]
     assert plan_key("v", 0, 0) == 8427224220209195459
+    blocked = make_plan(
+        "v", [("a", 40), ("b", 40)], seed=0, epoch=0, shuffle=True, window=2, weights=[40, 40], block=32
+    )
+    which, rows = blocked.window_rows(1, 0, 8)
+    assert [(blocked.shard_ids[w], r) for w, r in zip(which.tolist(), rows.tolist())] == [
+        ("b", 33), ("b", 36), ("a", 4), ("a", 34), ("a", 27), ("b", 13), ("b", 37), ("a", 8)
+    ]  # fmt: skip
 
 
 @given(n=st.integers(min_value=0, max_value=500), key=st.integers(min_value=0, max_value=2**64 - 1))
@@ -111,10 +118,11 @@ def test_bad_window_is_refused():
     min_group=st.integers(0, 120),
     window=st.integers(1, 4),
     seed=st.integers(0, 2**31),
+    block=st.integers(0, 300),
 )
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 def test_grouped_windows_cover_every_record_once_and_retire_each_shard_once(
-    sizes, weights, min_group, window, seed
+    sizes, weights, min_group, window, seed, block
 ):
     weights = weights[: len(sizes)]
     plan = make_plan(
@@ -126,6 +134,7 @@ def test_grouped_windows_cover_every_record_once_and_retire_each_shard_once(
         window=window,
         weights=weights,
         min_group=min_group,
+        block=block,
     )
     records = _records(plan)  # also checks each window's rows lie in its shards
     assert sorted(records) == sorted((f"s{i}", r) for i, n in enumerate(sizes) for r in range(n))
@@ -164,3 +173,47 @@ def test_groups_of_one_shard_keep_the_order_of_shard_windows():
     plain = make_plan("ver", shards, seed=4, epoch=2, shuffle=True, window=3)
     singles = make_plan("ver", shards, seed=4, epoch=2, shuffle=True, window=3, min_group=5)
     assert _records(plain) == _records(singles)
+
+
+def _runs(records, run_rows):
+    return {(s, r // run_rows) for s, r in records}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_block_shuffle_reads_a_few_runs_at_a_time_and_mixes_them(seed):
+    # 4 shards of 2000 records weighing 1 each; blocks of 320: runs of 20 rows, 16 per block.
+    shards = _shards([2000] * 4)
+    blocked = make_plan(
+        "ver", shards, seed=seed, epoch=0, shuffle=True, window=2, weights=[2000] * 4, block=320
+    )
+    assert blocked.run_rows.tolist() == [20] * 4
+    records = _records(blocked)
+    assert sorted(records) == sorted((s, r) for s, n in shards for r in range(n))
+    for w in range(1, 4):  # windows that mix two shards
+        lo, hi = int(blocked.window_starts[w]), int(blocked.window_starts[w + 1])
+        both = 0
+        for at in range(lo, hi - 319, 320):  # the whole blocks (a window ends with a short one)
+            block = records[at : at + 320]
+            runs = _runs(block, 20)
+            assert len(runs) == 16 and len(block) == 320, "a block is 16 whole runs"
+            batch = block[:32]
+            assert len(_runs(batch, 20)) >= 8, "a batch draws from many runs of its block"
+            both += len({s for s, _ in block}) == 2
+        assert both >= (hi - lo) // 320 // 2, "blocks mix the window's shards"
+    uniform = make_plan("ver", shards, seed=seed, epoch=0, shuffle=True, window=2, weights=[2000] * 4)
+    lo = int(uniform.window_starts[2])
+    assert len(_runs(_records(uniform)[lo : lo + 320], 20)) > 100  # 320 records scattered over 200 runs
+
+
+def test_groups_that_fit_in_a_block_are_shuffled_uniformly():
+    shards = _shards([100] * 6)
+    plan = make_plan("ver", shards, seed=3, epoch=0, shuffle=True, window=2, weights=[100] * 6, block=250)
+    assert plan.run_rows.tolist() == [1] * 6
+    lo, hi = int(plan.window_starts[2]), int(plan.window_starts[3])
+    assert hi - lo == 100  # half of two shards: one block, permuted uniformly
+    assert len(_runs(_records(plan)[lo : lo + 20], 10)) >= 8
+
+
+def test_a_negative_block_is_refused():
+    with pytest.raises(BadInputError, match="shuffle_block"):
+        make_plan("ver", _shards([1]), seed=0, epoch=0, shuffle=True, window=1, weights=[1], block=-1)
