@@ -10,7 +10,10 @@ see :mod:`loaders.partition`); their records live in the shards the plan names
   The records of a few spans at a time are gathered into blocks
   (:class:`loaders.decoded.GatheredRows`, one call per chunk and column), and each
   batch takes its rows from the blocks. The first group is one span, so the first
-  batch waits for nothing else; groups then double up to ``_PIECE_ROWS`` records.
+  batch waits for nothing else; groups then double up to ``_PIECE_ROWS`` records. With
+  page-local shuffle blocks (``plan.block``) a group goes on to the end of the block it
+  has reached, so each later group gathers whole blocks: their runs come out of each
+  chunk as ranges of rows, and no page is mapped twice.
 
 When a reader enters a window, the oldest shard of that window is in its last window.
 If the reader needs only a small part of it there (the other readers, ranks and

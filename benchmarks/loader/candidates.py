@@ -16,14 +16,16 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from benchmarks.loader.data import TOKENS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["CANDIDATES", "Candidate", "RunConfig", "batch_len", "import_streaming", "write_parquet"]
 
@@ -48,6 +50,8 @@ def batch_len(batch: Any) -> int:
 
 
 def _read_table(path: str) -> pa.Table:
+    import pyarrow as pa  # only where a candidate reads Arrow: a peer's process must not pay for it
+
     with open(path, "rb") as f:
         data = f.read()
     return pa.ipc.open_file(pa.BufferReader(data)).read_all()
@@ -109,6 +113,7 @@ class Limit(Candidate):
     """Plain read + zstd decode + numpy column-wise batches: the floor of CPU per sample."""
 
     name = "limit"
+    imports = ("pyarrow",)
 
     def make(self, cfg: RunConfig) -> Any:
         return DataLoader(_PlainShards(cfg), batch_size=None, num_workers=cfg.num_workers, collate_fn=_as_is)
@@ -143,6 +148,8 @@ class _PlainShards(IterableDataset):
         self.cfg = cfg
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        import pyarrow as pa
+
         info = get_worker_info()
         wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
         rng = np.random.default_rng(self.cfg.seed)
@@ -363,6 +370,8 @@ class WebDataset(Candidate):
         if (out / "done").exists():
             return
         out.mkdir(parents=True, exist_ok=True)
+        import pyarrow as pa
+
         per = -(-sum(pa.ipc.open_file(p).count_rows() for p in cfg.paths) // len(cfg.paths))
         with wds.ShardWriter(str(out / "shard-%05d.tar"), maxcount=per) as sink:
             for r in _records(cfg.paths):

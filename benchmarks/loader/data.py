@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 __all__ = ["TOKENS", "ensure_dataset", "shard_paths"]
 
@@ -44,6 +43,8 @@ def shard_paths(folder: Path) -> list[Path]:
 
 def ensure_dataset(folder: Path, samples: int, shards: int) -> list[Path]:
     """Generate (or reuse) ``samples`` records in ``shards`` files under ``folder``."""
+    import pyarrow as pa  # here, not at the top: the peers' processes import this module
+
     meta = {"samples": samples, "shards": shards, "tokens": TOKENS, "format": 1}
     meta_path = folder / "meta.json"
     if meta_path.exists() and json.loads(meta_path.read_text()) == meta:
