@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -144,6 +143,8 @@ class _S3Shards(IterableDataset):
         self.cfg, self.keys = cfg, keys
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        import pyarrow as pa  # here: the peers' processes import this module
+
         info = get_worker_info()
         wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
         client = minio_client()
