@@ -44,6 +44,7 @@ __all__ = ["StreamingDataset"]
 
 #: decoded bytes a shuffle group of small shards reaches (a typical shard is a group alone)
 DEFAULT_SHUFFLE_GROUP = 8 << 20
+#: decoded bytes of a page-local shuffle block (see loaders.plan)
 DEFAULT_SHUFFLE_BLOCK = 4 << 20
 _READ_THREADS = 4  # shard reads in flight per reader: hides object-store latency
 

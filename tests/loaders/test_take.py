@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore import Repo
-from loaders.take import take_rows
+from loaders.take import row_ranges, take_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,3 +103,21 @@ def test_a_process_that_only_reads_a_repository_never_loads_compute_or_dataset(t
     loaded = json.loads(out.stdout.splitlines()[-1])
     assert "pyarrow.parquet" in loaded  # the shard table: proves the version was really opened
     assert not {"pyarrow.compute", "pyarrow.dataset"} & set(loaded), loaded
+
+
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 40)), min_size=0, max_size=12),
+    shuffle=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_row_ranges_spell_out_the_rows_exactly_or_decline(runs, shuffle):
+    rows = np.concatenate([np.arange(a, a + n) for a, n in runs]) if runs else np.zeros(0, np.int64)
+    if shuffle:
+        rows = np.random.default_rng(len(rows)).permutation(rows)
+    ranges = row_ranges(rows)
+    if ranges is None:  # declined: too few rows, or too scattered to be worth slicing
+        breaks = int((np.diff(rows) != 1).sum()) + 1 if len(rows) else 0
+        assert len(rows) < 8 or breaks * 8 > len(rows)
+        return
+    assert all(b > a for a, b in ranges)
+    assert np.concatenate([np.arange(a, b) for a, b in ranges]).tolist() == rows.tolist()
