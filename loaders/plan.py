@@ -20,13 +20,14 @@ Within a window, records are shuffled *page-locally* when the plan has a ``block
 the weight unit: decoded bytes for a repository). A group that weighs more than a block
 is cut into *runs* of neighbouring rows (``block / 16`` each); the group permutes whole
 runs, so its parts are made of runs; a window permutes its runs and cuts them into
-*blocks* of about ``block`` each, and the records of each block are permuted among
-themselves. Consecutive positions then read a few small ranges of the shards, not rows
-scattered over the whole window: a shuffled epoch maps each page about once, as an
-unshuffled one does, instead of once per gathered batch (the idea of FFCV's quasi-random
-order). A batch mixes the records of about 16 runs from all the groups of its window. A
-group that weighs at most a block has runs of one row, so a window of such groups is
-permuted uniformly; ``block=0`` permutes every window uniformly.
+*blocks* of about ``block`` each (of equal weight: no short remainder), and the records
+of each block are permuted among themselves. Consecutive positions then read a few small
+ranges of the shards, not rows scattered over the whole window: a shuffled epoch maps
+each page about once, as an unshuffled one does, instead of once per gathered batch (the
+idea of FFCV's quasi-random order). A batch mixes the records of about 16 runs from all
+the groups of its window. A group that weighs at most a block has runs of one row, so a
+window of such groups is permuted uniformly; ``block=0`` permutes every window
+uniformly.
 
 The order depends on nothing else: not on ranks, workers, batch size or numpy's random
 stream. Permutations come from sorting a keyed SplitMix64 hash of the indices, a function
@@ -294,11 +295,17 @@ class EpochPlan:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Window ``w``'s order from the run and weight of each of its records (runs
         permuted, cut into blocks of about ``block``, records permuted within their
-        block), and the first position of each block."""
+        block), and the first position of each block.
+
+        The blocks share the window's weight evenly (their number rounded), so no block
+        is a short remainder of a run or two, which a batch would then draw from alone.
+        """
         perm = keyed_permutation(runs, plan_key(self.version, self.seed, self.epoch, 1, w))
         run_weight = np.bincount(run_of, weights=weight, minlength=runs).astype(np.int64)[perm]
+        total = int(run_weight.sum())
+        blocks = max(1, (total + self.block // 2) // self.block)
         block_of_run = np.empty(runs, dtype=np.int64)
-        block_of_run[perm] = (np.cumsum(run_weight) - run_weight) // self.block
+        block_of_run[perm] = (np.cumsum(run_weight) - run_weight) * blocks // max(total, 1)
         block_of = block_of_run[run_of]
         sizes = np.bincount(block_of)
         starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]]).astype(np.int64)

@@ -38,12 +38,13 @@ def test_keyed_permutation_is_frozen():
     assert keyed_permutation(8, 12345).tolist() == [2, 6, 0, 3, 1, 5, 7, 4]
     assert plan_key("v", 0, 0) == 8427224220209195459
     blocked = make_plan(
-        "v", [("a", 40), ("b", 40)], seed=0, epoch=0, shuffle=True, window=2, weights=[40, 40], block=32
+        "v", [("a", 200), ("b", 200)], seed=0, epoch=0, shuffle=True, window=2, weights=[200, 200], block=64
     )
     which, rows = blocked.window_rows(1, 0, 8)
     assert [(blocked.shard_ids[w], r) for w, r in zip(which.tolist(), rows.tolist())] == [
-        ("b", 33), ("b", 36), ("a", 4), ("a", 34), ("a", 27), ("b", 13), ("b", 37), ("a", 8)
+        ("a", 158), ("b", 14), ("a", 21), ("a", 131), ("b", 48), ("a", 26), ("a", 129), ("b", 49)
     ]  # fmt: skip
+    assert [blocked.block_end(p) for p in (100, 167, 168, 299)] == [168, 168, 236, 300]
 
 
 @given(n=st.integers(min_value=0, max_value=500), key=st.integers(min_value=0, max_value=2**64 - 1))
@@ -189,17 +190,18 @@ def test_a_block_shuffle_reads_a_few_runs_at_a_time_and_mixes_them(seed):
     assert blocked.run_rows.tolist() == [20] * 4
     records = _records(blocked)
     assert sorted(records) == sorted((s, r) for s, n in shards for r in range(n))
-    for w in range(1, 4):  # windows that mix two shards
+    for w in range(1, 4):  # windows that mix two shards: 2000 records in 6 blocks
         lo, hi = int(blocked.window_starts[w]), int(blocked.window_starts[w + 1])
-        both = 0
-        for at in range(lo, hi - 319, 320):  # the whole blocks (a window ends with a short one)
-            block = records[at : at + 320]
+        at, blocks, both = lo, 0, 0
+        while at < hi:
+            end = blocked.block_end(at)
+            block = records[at:end]
             runs = _runs(block, 20)
-            assert len(runs) == 16 and len(block) == 320, "a block is 16 whole runs"
-            batch = block[:32]
-            assert len(_runs(batch, 20)) >= 8, "a batch draws from many runs of its block"
+            assert 16 <= len(runs) <= 17 and len(block) == 20 * len(runs), "a block is 16-17 whole runs"
+            assert len(_runs(block[:32], 20)) >= 8, "a batch draws from many runs of its block"
             both += len({s for s, _ in block}) == 2
-        assert both >= (hi - lo) // 320 // 2, "blocks mix the window's shards"
+            at, blocks = end, blocks + 1
+        assert blocks == 6 and both >= 3, "blocks of equal size mix the window's shards"
     uniform = make_plan("ver", shards, seed=seed, epoch=0, shuffle=True, window=2, weights=[2000] * 4)
     lo = int(uniform.window_starts[2])
     assert len(_runs(_records(uniform)[lo : lo + 320], 20)) > 100  # 320 records scattered over 200 runs
