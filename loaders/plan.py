@@ -53,7 +53,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: Runs in a shuffle block (see the module docstring).
-RUNS_PER_BLOCK = 16
+_RUNS_PER_BLOCK = 16
 #: A group is cut into runs that each of its ``window`` parts gets at least this many of.
 _MIN_RUNS_PER_PART = 4
 
@@ -374,9 +374,9 @@ def make_plan(
 
 def _run_rows(counts: np.ndarray, weights: np.ndarray, block: int, window: int) -> np.ndarray:
     """Rows per run of each group: 1 for a group that weighs at most ``block``, else
-    ``block / RUNS_PER_BLOCK`` of its weight, but small enough that each of the group's
+    ``block / _RUNS_PER_BLOCK`` of its weight, but small enough that each of the group's
     ``window`` parts gets a few runs."""
-    rows = (block // RUNS_PER_BLOCK) * counts // np.maximum(weights, 1)
+    rows = (block // _RUNS_PER_BLOCK) * counts // np.maximum(weights, 1)
     rows = np.minimum(rows, counts // (_MIN_RUNS_PER_PART * window))
     return np.where(weights > block, np.maximum(rows, 1), 1).astype(np.int64)
 
