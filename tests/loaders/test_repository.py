@@ -94,10 +94,12 @@ def test_small_shards_are_grouped_so_a_shuffled_batch_mixes_many_of_them(repo_pa
 def test_grouped_shuffle_streams_every_record_once_and_resumes_exactly(repo_path, tmp_path, workers):
     def make() -> StreamingDataLoader:
         ds = StreamingDataset(
-            str(repo_path), cache=_cache(tmp_path), shuffle=True, seed=5, batch_size=16, shuffle_group="40KB"
+            str(repo_path), cache=_cache(tmp_path), shuffle=True, seed=5, batch_size=16, shuffle_group="30KB"
         )
         return StreamingDataLoader(ds, num_workers=workers)
 
+    # The shard order, hence the grouping, depends on the version id (new every run): with
+    # shards of 1-46 KB, 30 KB groups make 3-5 groups for any order (40 KB: 2-4).
     plan = make().dataset.plan()
     assert 2 < len(plan.groups) - 1 < len(plan.shard_ids), "the test needs several groups of several shards"
     whole = [i for batch in make() for i in batch["id"].tolist()]
@@ -107,7 +109,7 @@ def test_grouped_shuffle_streams_every_record_once_and_resumes_exactly(repo_path
     before = [i for _, batch in zip(range(11), it) for i in batch["id"].tolist()]
     del it
     state = loader.state_dict()
-    assert state["group"] == 40_000
+    assert state["group"] == 30_000
     resumed = make()
     resumed.load_state_dict(state)
     after = [i for batch in resumed for i in batch["id"].tolist()]
