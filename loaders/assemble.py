@@ -1,7 +1,8 @@
 """The rows of a reader's batches, taken from the decoded shards of the windows they touch.
 
-A reader's batches are *spans* of the epoch's order (``(first position, length)``,
-see :mod:`loaders.partition`); their records live in the shards the plan names
+A reader's batches are *spans* of the epoch's order (runs of consecutive positions,
+``(first, length)``, usually one, see :mod:`loaders.partition`); their records live
+in the shards the plan names
 (:mod:`loaders.plan`), which the prefetcher (:mod:`loaders.prefetch`) holds decoded.
 
 - **No shuffle**: a span is a few runs of consecutive rows of one or two shards; each
@@ -40,6 +41,7 @@ import numpy as np
 
 from loaders.columns import Kind
 from loaders.decoded import DROP_BYTES, GatheredRows, slice_rows
+from loaders.partition import Runs
 from loaders.plan import EpochPlan
 from loaders.prefetch import ShardPrefetcher
 
@@ -54,7 +56,7 @@ _SUBSET_SHARE = 0.4
 
 #: A span's column kinds, its pieces (one per run of rows) and its length.
 Parts = tuple[dict[str, Kind], list[dict[str, Any]], int]
-Spans = Sequence[tuple[int, int]]
+Spans = Sequence[Runs]
 
 
 def batch_rows(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
@@ -67,19 +69,20 @@ def batch_rows(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterat
 def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
     first = True  # nothing is read ahead before the first batch: it has the cores to itself
     passed = 0.0  # bytes read since the pages were last dropped
-    for pos, n in spans:
+    for runs in spans:
         kinds: dict[str, Kind] = {}
         parts = []
-        for w, lo, hi in plan.segments(pos, pos + n):
-            which, rows = plan.window_rows(w, lo, hi)
-            assert isinstance(which, int) and isinstance(rows, slice)
-            held = shards.acquire(plan.window_shards(w), read_ahead=not first)
-            shard = held[which]
-            kinds, piece = slice_rows(shard, rows.start, rows.stop)
-            parts.append(piece)
-            passed += shard.row_bytes * (rows.stop - rows.start)
+        for pos, n in runs:
+            for w, lo, hi in plan.segments(pos, pos + n):
+                which, rows = plan.window_rows(w, lo, hi)
+                assert isinstance(which, int) and isinstance(rows, slice)
+                held = shards.acquire(plan.window_shards(w), read_ahead=not first)
+                shard = held[which]
+                kinds, piece = slice_rows(shard, rows.start, rows.stop)
+                parts.append(piece)
+                passed += shard.row_bytes * (rows.stop - rows.start)
         first = False
-        yield kinds, parts, n
+        yield kinds, parts, _length(runs)
         if passed >= DROP_BYTES:  # the batch is built: the pages behind it are not needed
             shard.drop_pages()
             passed = 0.0
@@ -95,44 +98,51 @@ def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
         first, group, rows = i, [], 0
         while i < len(spans) and (rows < target or not group):
             group.append(spans[i])
-            rows += group[-1][1]
+            rows += _length(group[-1])
             i += 1
         if plan.block and target == _BLOCK_PIECE_ROWS:
             # go on to the end of the shuffle block: the next group then starts with a
             # whole block, whose runs come out as ranges of rows, none of its pages read twice
-            end = plan.block_end(group[-1][0] + group[-1][1] - 1)
-            while i < len(spans) and spans[i][0] < end:
+            last_pos, last_n = group[-1][-1]
+            end = plan.block_end(last_pos + last_n - 1)
+            while i < len(spans) and spans[i][0][0] < end:
                 group.append(spans[i])
-                rows += group[-1][1]
+                rows += _length(group[-1])
                 i += 1
         target = min(2 * rows, _BLOCK_PIECE_ROWS if plan.block else _PIECE_ROWS)
         # a page-local shuffle reads a block's pages about once if they stay mapped that long
         gathered = GatheredRows(rows, spare, max(DROP_BYTES, plan.block))
         window, segments = -1, []
-        for s, (pos, n) in enumerate(group, first):
-            for w, lo, hi in plan.segments(pos, pos + n):
-                if w != window and segments:
-                    gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
-                    segments = []
-                if w > entered:
-                    if entered >= 0:
-                        _let_go_of_oldest(plan, shards, w, spans, s)
-                    else:  # after the first batch, which must not wait for a copy
-                        later = (w, spans, s)
-                    entered = w
-                window = w
-                segments.append((lo, hi))
+        for s, runs in enumerate(group, first):
+            for pos, n in runs:
+                for w, lo, hi in plan.segments(pos, pos + n):
+                    if w != window and segments:
+                        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
+                        segments = []
+                    if w > entered:
+                        if entered >= 0:
+                            _let_go_of_oldest(plan, shards, w, spans, s)
+                        else:  # after the first batch, which must not wait for a copy
+                            later = (w, spans, s)
+                        entered = w
+                    window = w
+                    segments.append((lo, hi))
         # nothing is read ahead before the first batch: it has the cores to itself
         held, which, rows = _window_rows(plan, shards, window, segments, read_ahead=first > 0)
         gathered.add(held, which, rows)
         gathered.finish()
         gathered.drop_pages()  # the block holds copies
         at = 0
-        for _, n in group:
+        for runs in group:
+            n = _length(runs)
             kinds, piece = gathered.take(at, at + n)
             at += n
             yield kinds, [piece], n
         spare = gathered.blocks
+
+
+def _length(runs: Runs) -> int:
+    return runs[0][1] if len(runs) == 1 else sum(n for _, n in runs)
 
 
 def _window_rows(
@@ -162,12 +172,13 @@ def _let_go_of_oldest(plan: EpochPlan, shards: ShardPrefetcher, w: int, spans: S
         return
     start, stop = int(plan.window_starts[w]), int(plan.window_starts[w + 1])
     segments = []
-    for pos, n in spans[s:]:
-        if pos >= stop:
+    for runs in spans[s:]:
+        if runs[0][0] >= stop:
             break
-        lo, hi = max(pos, start), min(pos + n, stop)
-        if hi > lo:
-            segments.append((lo - start, hi - start))
+        for pos, n in runs:
+            lo, hi = max(pos, start), min(pos + n, stop)
+            if hi > lo:
+                segments.append((lo - start, hi - start))
     # before reading ahead: the next shard must not be read while this one is still whole
     held, which, rows = _window_rows(plan, shards, w, segments, read_ahead=False)
     for oldest in retiring:

@@ -6,7 +6,7 @@ training process, and derives the position from that count: batch ``k`` of a ran
 chunk ``k`` of its partition (see :mod:`loaders.partition`), so ``state_dict()`` is
 exact at every batch boundary whatever ``num_workers`` and ``prefetch_factor`` are.
 
-The loader also resolves where each iteration starts (epoch, consumed prefix, ranks)
+The loader also resolves where each iteration starts (epoch, what remains of it, ranks)
 once, before its workers exist, and hands it to them; with ``persistent_workers`` it
 passes it through a small shared-memory array (anonymous or already unlinked memory,
 so a crash leaves nothing behind).
@@ -21,7 +21,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from cachetier.errors import UsageError
-from loaders.dataset import StreamingDataset, _Progress
+from loaders.dataset import StreamingDataset, _Progress, _Spec
 from loaders.partition import Partition
 from loaders.world import World
 
@@ -84,7 +84,7 @@ class StreamingDataLoader(DataLoader):
             context = self.multiprocessing_context or torch.multiprocessing
             dataset._turns = context.RawArray("q", 2)  # see loaders.lead
             if self.persistent_workers:
-                dataset._channel = context.RawArray("q", 7)
+                dataset._channel = context.RawArray("q", _Spec.INTS)
 
     @property
     def streaming_dataset(self) -> StreamingDataset:
@@ -94,12 +94,12 @@ class StreamingDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.streaming_dataset
         spec = ds._begin(ds._detect_ranks(), self._block, self._tail_drop, by_loader=True)
-        part = Partition(spec.start, ds.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
         progress = _Progress(spec, part, World(rank=spec.rank, world_size=spec.world_size), skipped=0)
         ds._progress = progress
         self._progress = progress
         if ds._channel is not None:
-            ds._channel[:7] = spec.to_ints()
+            ds._channel[:] = spec.to_ints()
         if ds._turns is not None:
             ds._turns[0] += 1
         ds._loader_spec = spec
@@ -153,5 +153,5 @@ class StreamingDataLoader(DataLoader):
         if p is None or ds._progress is not p or batches <= 0:
             return self.state_dict()
         kept = max(0, p.chunks - batches)
-        consumed = p.part.consumed_after(p.part.samples_through(kept - 1))
-        return ds._state(p.spec.epoch, consumed).to_dict()
+        remaining = p.part.after(p.part.samples_through(kept - 1))
+        return ds._state(p.spec.epoch, remaining).to_dict()

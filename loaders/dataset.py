@@ -7,7 +7,7 @@ An iteration is a pipeline of small stages, each a module of its own::
       ->  each batch's records taken from them (loaders.assemble)
       ->  batches built column-wise (loaders.columns)  ->  optional transform
 
-Where an iteration starts (epoch, consumed prefix, a worker's own progress) is resolved
+Where an iteration starts (epoch, what remains of it, a worker's own progress) is resolved
 once, in :meth:`StreamingDataset._begin`; ``StreamingDataLoader`` resolves it in the
 training process and hands the result to its workers, so every worker of every rank
 partitions the same remaining stream.
@@ -33,7 +33,7 @@ from cachetier.errors import BadInputError, UsageError
 from loaders.assemble import batch_rows
 from loaders.decoded import DecodedShard, batch_from_pieces, samples_from_pieces, select_columns
 from loaders.lead import Lead
-from loaders.partition import Partition
+from loaders.partition import MAX_LEVELS, Partition, Remaining, Runs
 from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
 from loaders.source import ShardSource, open_source, use_loader_memory_pool
@@ -54,7 +54,7 @@ class _Spec:
     """Where one iteration starts, decided once for every reader of every rank."""
 
     epoch: int
-    start: int
+    remaining: Remaining
     rank: int
     world_size: int
     block: int
@@ -62,20 +62,19 @@ class _Spec:
     by_loader: bool
     resume_worker: WorkerProgress | None = None
 
+    #: Length of :meth:`to_ints`' list (the persistent workers' channel).
+    INTS = 7 + 3 * MAX_LEVELS
+
     def to_ints(self) -> list[int]:
-        return [
-            self.epoch,
-            self.start,
-            self.rank,
-            self.world_size,
-            self.block,
-            int(self.drop_last),
-            int(self.by_loader),
-        ]
+        levels = [x for level in self.remaining.levels for x in level]
+        head = [self.epoch, self.rank, self.world_size, self.block, int(self.drop_last), int(self.by_loader)]
+        return [*head, len(self.remaining.levels), *levels, *[0] * (self.INTS - 7 - len(levels))]
 
     @classmethod
-    def from_ints(cls, v: Sequence[int]) -> _Spec:
-        return cls(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), bool(v[5]), bool(v[6]))
+    def from_ints(cls, v: Sequence[int], records: int) -> _Spec:
+        v = [int(x) for x in v]
+        levels = tuple(tuple(v[i : i + 3]) for i in range(7, 7 + 3 * v[6], 3))
+        return cls(v[0], Remaining(records, levels), v[1], v[2], v[3], bool(v[4]), bool(v[5]))  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -240,13 +239,12 @@ class StreamingDataset(IterableDataset):
         self._progress = None
         self._explicit_epoch = False
 
-    def _state(self, epoch: int, consumed: int, worker: WorkerProgress | None = None) -> LoaderState:
+    def _state(self, epoch: int, remaining: Remaining, worker: WorkerProgress | None = None) -> LoaderState:
         return LoaderState(
             version=self.version_id,
             seed=self.seed,
             epoch=epoch,
-            consumed=consumed,
-            records=self.records,
+            remaining=remaining,
             shuffle=self.shuffle,
             window=self.shuffle_window,
             worker=worker,
@@ -257,14 +255,18 @@ class StreamingDataset(IterableDataset):
     def _current_state(self) -> LoaderState:
         p = self._progress
         if p is None:
-            return self._resume if self._resume is not None else self._state(self._epoch, 0)
+            return (
+                self._resume
+                if self._resume is not None
+                else self._state(self._epoch, Remaining(self.records))
+            )
         if p.world.num_workers == 1:
-            return self._state(p.spec.epoch, p.part.consumed_after(p.samples))
+            return self._state(p.spec.epoch, p.part.after(p.samples))
         done = p.skipped + p.chunks
         last_chunk = p.world.worker + (done - 1) * p.world.num_workers if done else -1
-        consumed = p.part.consumed_after(p.part.samples_through(last_chunk))
+        remaining = p.part.after(p.part.samples_through(last_chunk))
         progress = WorkerProgress(
-            start=p.part.start,
+            levels=p.part.remaining.levels,
             world_size=p.part.world_size,
             rank=p.part.rank,
             block=p.part.block,
@@ -272,7 +274,7 @@ class StreamingDataset(IterableDataset):
             worker=p.world.worker,
             chunks=done,
         )
-        return self._state(p.spec.epoch, consumed, progress)
+        return self._state(p.spec.epoch, remaining, progress)
 
     def _fold_progress(self) -> bool:
         """Turn the progress of the last in-process iteration into the resume point."""
@@ -289,19 +291,27 @@ class StreamingDataset(IterableDataset):
     def _begin(self, ranks: World, block: int, drop_last: bool, *, by_loader: bool) -> _Spec:
         """Resolve the start of the next iteration and consume the pending resume point."""
         completed = self._fold_progress()
-        epoch, start, resume_worker = self._epoch, 0, None
+        epoch, remaining, resume_worker = self._epoch, Remaining(self.records), None
         if self._resume is not None and self._resume.epoch == epoch:
-            start = self._resume.consumed
+            remaining = self._resume_point(self._resume)
             resume_worker = self._resume.worker
-            if resume_worker is not None:
-                start = resume_worker.start
-        left = Partition(start, self.records, ranks.world_size, ranks.rank, block, drop_last).samples
-        if (completed or (start > 0 and left == 0 and resume_worker is None)) and not self._explicit_epoch:
-            epoch, start, resume_worker = epoch + 1, 0, None
+        left = Partition(remaining, ranks.world_size, ranks.rank, block, drop_last).samples
+        started = remaining.consumed > 0
+        if (completed or (started and left == 0 and resume_worker is None)) and not self._explicit_epoch:
+            epoch, remaining, resume_worker = epoch + 1, Remaining(self.records), None
         self._epoch = epoch
         self._resume = None
         self._explicit_epoch = False
-        return _Spec(epoch, start, ranks.rank, ranks.world_size, block, drop_last, by_loader, resume_worker)
+        return _Spec(
+            epoch, remaining, ranks.rank, ranks.world_size, block, drop_last, by_loader, resume_worker
+        )
+
+    def _resume_point(self, state: LoaderState) -> Remaining:
+        """Where ``state`` resumes: what remains, or for a pool worker's own state what
+        remained when its pool started (the worker then skips what it delivered)."""
+        if state.worker is not None:
+            return Remaining(self.records, state.worker.levels)
+        return state.remaining
 
     def _default_block(self) -> tuple[int, bool]:
         if self.batch_size is not None:
@@ -313,7 +323,7 @@ class StreamingDataset(IterableDataset):
 
     def _next_spec(self) -> _Spec:
         if self._channel is not None and get_worker_info() is not None:  # a persistent worker
-            return _Spec.from_ints(self._channel[:7])
+            return _Spec.from_ints(self._channel[:], self.records)
         if self._loader_spec is not None:
             return self._loader_spec
         block, drop_last = self._default_block()
@@ -331,9 +341,9 @@ class StreamingDataset(IterableDataset):
                 state = (
                     self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
                 )
-                start = 0 if state is None else (state.worker.start if state.worker else state.consumed)
-                spec = _Spec(self._epoch, start, ranks.rank, ranks.world_size, block, drop_last, False)
-            part = Partition(spec.start, self.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+                remaining = Remaining(self.records) if state is None else self._resume_point(state)
+                spec = _Spec(self._epoch, remaining, ranks.rank, ranks.world_size, block, drop_last, False)
+            part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
         return part.num_chunks if self.batch_size is not None else part.samples
 
     # -- iteration --------------------------------------------------------------------
@@ -344,7 +354,7 @@ class StreamingDataset(IterableDataset):
         spec = self._next_spec()
         world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
         plan = self.plan(spec.epoch)
-        part = Partition(spec.start, plan.records, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
         skip = _worker_skip(spec, world)
         chunks = part.worker_chunks(world.worker, world.num_workers, skip)
         progress = _Progress(spec, part, world, skipped=skip)
@@ -414,8 +424,8 @@ class StreamingDataset(IterableDataset):
         )
 
 
-class _Spans(Sequence[tuple[int, int]]):
-    """``(first position, length)`` of chunks ``chunks`` of ``part``, computed on demand."""
+class _Spans(Sequence[Runs]):
+    """The runs of positions of chunks ``chunks`` of ``part``, computed on demand."""
 
     def __init__(self, part: Partition, chunks: range) -> None:
         self._part = part
@@ -435,8 +445,8 @@ def _worker_skip(spec: _Spec, world: World) -> int:
     r = spec.resume_worker
     if r is None:
         return 0
-    same = (r.start, r.world_size, r.rank, r.block, r.num_workers, r.worker) == (
-        spec.start,
+    same = (r.levels, r.world_size, r.rank, r.block, r.num_workers, r.worker) == (
+        spec.remaining.levels,
         spec.world_size,
         spec.rank,
         spec.block,

@@ -88,16 +88,16 @@ def touched_windows(plan: EpochPlan, part: Partition, chunks: range) -> Iterator
     last = -1
     i = 0
     while i < len(chunks):
-        pos, n = part.chunk(chunks[i])
-        for w, _, _ in plan.segments(pos, pos + n):
-            if w > last:
-                last = w
-                yield w
+        for pos, n in part.chunk(chunks[i]):
+            for w, _, _ in plan.segments(pos, pos + n):
+                if w > last:
+                    last = w
+                    yield w
         boundary = int(plan.window_starts[last + 1])
         lo, hi = i + 1, len(chunks)
         while lo < hi:
             mid = (lo + hi) // 2
-            p, m = part.chunk(chunks[mid])
+            p, m = part.chunk(chunks[mid])[-1]
             if p + m <= boundary:
                 lo = mid + 1
             else:

@@ -4,11 +4,14 @@
 
     {"format": 1, "version": "<id>", "seed": 0, "epoch": 3, "consumed": 81920,
      "records": 100000, "shuffle": true, "window": 4, "group": 33554432,
-     "block": 4194304}
+     "block": 4194304, "levels": [[8, 12500, 10240]]}
 
-``consumed`` counts global samples (all ranks together) and is always a prefix of the
-epoch's order (see :mod:`loaders.partition`), so a state resumes under any world size,
-worker count or batch size. ``records``, ``shuffle``, ``window``, ``group`` (the
+``consumed`` counts global samples (all ranks together); ``levels`` says which (see
+:class:`loaders.partition.Remaining`: here each of 8 ranks consumed the first 10,240
+of its 12,500). Without ``levels`` the first ``consumed`` positions of the epoch's order
+are done (one rank, and states written before ranks read sections). Either way a state
+resumes under any world size, worker count or batch size. ``records``, ``shuffle``,
+``window``, ``group`` (the
 plan's ``min_group``: the decoded bytes that group small shards) and ``block`` (the
 plan's shuffle block; a state without it predates blocks: 0) pin down the plan;
 a state whose version, seed or plan differs from the dataset's is refused.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cachetier.errors import BadInputError, UsageError
+from loaders.partition import MAX_LEVELS, Level, Remaining
 
 __all__ = ["STATE_FORMAT", "LoaderState", "WorkerProgress"]
 
@@ -34,9 +38,10 @@ _SUBJECT = "loader state"
 
 @dataclass(frozen=True, slots=True)
 class WorkerProgress:
-    """What one worker of a pool delivered: its first ``chunks`` chunks of a partition."""
+    """What one worker of a pool delivered: its first ``chunks`` chunks of a partition of
+    the positions that remained when the pool started (``levels``, see :class:`Remaining`)."""
 
-    start: int
+    levels: tuple[Level, ...]
     world_size: int
     rank: int
     block: int
@@ -47,7 +52,7 @@ class WorkerProgress:
     def to_dict(self) -> dict[str, int]:
         """The JSON form (short keys keep the state small)."""
         return {
-            "start": self.start,
+            "levels": [list(level) for level in self.levels],
             "world": self.world_size,
             "rank": self.rank,
             "block": self.block,
@@ -57,27 +62,42 @@ class WorkerProgress:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WorkerProgress:
-        """Parse :meth:`to_dict` output; a bad value is quoted in the error."""
-        keys = ("start", "world", "rank", "block", "workers", "worker", "chunks")
-        vals = [_int(d, k, f"worker.{k}") for k in keys]
-        return cls(*vals)
+    def from_dict(cls, d: Mapping[str, Any], records: int) -> WorkerProgress:
+        """Parse :meth:`to_dict` output (or an older one with ``start``, a prefix of an
+        epoch of ``records``); a bad value is quoted in the error."""
+        if not isinstance(d, Mapping):
+            raise BadInputError(f"bad worker {d!r}", subject=_SUBJECT)
+        if "levels" in d:
+            levels = _levels(d["levels"], "worker.levels")
+        else:
+            levels = Remaining.prefix(records, _int(d, "start", "worker.start")).levels
+        keys = ("world", "rank", "block", "workers", "worker", "chunks")
+        return cls(levels, *(_int(d, k, f"worker.{k}") for k in keys))
 
 
 @dataclass(frozen=True, slots=True)
 class LoaderState:
-    """The position in an epoch: ``consumed`` global samples of ``epoch`` are done."""
+    """The position in an epoch: what ``remaining`` of ``epoch`` is left to deliver."""
 
     version: str
     seed: int
     epoch: int
-    consumed: int
-    records: int
+    remaining: Remaining
     shuffle: bool
     window: int
     worker: WorkerProgress | None = None
     group: int = 0
     block: int = 0
+
+    @property
+    def consumed(self) -> int:
+        """Samples of the epoch delivered (all ranks together)."""
+        return self.remaining.consumed
+
+    @property
+    def records(self) -> int:
+        """Records in the epoch."""
+        return self.remaining.total
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict (well under 1 KB)."""
@@ -93,6 +113,8 @@ class LoaderState:
             "group": self.group,
             "block": self.block,
         }
+        if self.remaining != Remaining.prefix(self.records, self.consumed):
+            d["levels"] = self.remaining.to_list()
         if self.worker is not None:
             d["worker"] = self.worker.to_dict()
         return d
@@ -111,16 +133,26 @@ class LoaderState:
         shuffle = d.get("shuffle")
         if not isinstance(shuffle, bool):
             raise BadInputError(f"bad shuffle {shuffle!r}", subject=_SUBJECT)
-        worker = d.get("worker")
+        records, consumed = _int(d, "records", "records"), _int(d, "consumed", "consumed")
+        if "levels" in d:
+            remaining = Remaining(records, _levels(d["levels"], "levels"))
+            if remaining.consumed != consumed:
+                raise BadInputError(
+                    f"levels consume {remaining.consumed} samples, consumed says {consumed}", subject=_SUBJECT
+                )
+        else:
+            remaining = Remaining.prefix(records, consumed)
+        worker = None if d.get("worker") is None else WorkerProgress.from_dict(d["worker"], records)
+        if worker is not None:
+            Remaining(records, worker.levels)  # checks that they fit the epoch
         return cls(
             version=version,
             seed=_int(d, "seed", "seed", minimum=None),
             epoch=_int(d, "epoch", "epoch"),
-            consumed=_int(d, "consumed", "consumed"),
-            records=_int(d, "records", "records"),
+            remaining=remaining,
             shuffle=shuffle,
             window=_int(d, "window", "window", minimum=1),
-            worker=None if worker is None else WorkerProgress.from_dict(worker),
+            worker=worker,
             group=_int(d, "group", "group") if "group" in d else 0,
             block=_int(d, "block", "block") if "block" in d else 0,
         )
@@ -172,3 +204,19 @@ def _int(d: Mapping[str, Any], key: str, name: str, minimum: int | None = 0) -> 
     if minimum is not None and value < minimum:
         raise BadInputError(f"bad {name} {value!r} (expected >= {minimum})", subject=_SUBJECT)
     return value
+
+
+def _levels(value: Any, name: str) -> tuple[Level, ...]:
+    ok = isinstance(value, list) and len(value) <= MAX_LEVELS
+    ok = ok and all(
+        isinstance(level, list)
+        and len(level) == 3
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in level)
+        for level in value
+    )
+    if not ok:
+        raise BadInputError(
+            f"bad {name} {value!r} (expected at most {MAX_LEVELS} lists of 3 non-negative integers)",
+            subject=_SUBJECT,
+        )
+    return tuple((a, b, c) for a, b, c in value)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from cachetier.errors import UsageError
+from cachetier.errors import BadInputError, UsageError
 from loaders import DevicePrefetcher, StreamingDataLoader, StreamingDataset
 from tests.loaders._shards import IpcShardSource, write_shards
 
@@ -182,6 +182,44 @@ def test_elastic_resume_from_one_rank_to_three(source, total_records, monkeypatc
         seen += got
     assert len(seen) == len(set(seen))
     assert total_records - len(seen) < 3
+
+
+def test_a_state_of_ranks_says_what_each_consumed_and_rejects_tampering(source, total_records, monkeypatch):
+    states = [_rank_run(source, monkeypatch, rank, 2, None, batches=3, num_workers=0)[1] for rank in range(2)]
+    state = states[0]
+    assert state == states[1] and state["consumed"] == 2 * 3 * 8
+    assert state["levels"] == [[2, total_records // 2, 24]]
+    assert len(json.dumps(state)) < 1024
+    ds = StreamingDataset(source, shuffle=True, seed=4, batch_size=8)
+    with pytest.raises(BadInputError, match="levels consume 50 samples"):
+        ds.load_state_dict({**state, "levels": [[2, total_records // 2, 25]]})
+    with pytest.raises(BadInputError, match="bad levels"):
+        ds.load_state_dict({**state, "levels": [[2, 3]]})
+    with pytest.raises(BadInputError, match="does not fit"):
+        ds.load_state_dict({**state, "levels": [[2, total_records, 24]]})
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    order = ids_of(StreamingDataset(source, shuffle=True, seed=4, batch_size=8))
+    prefix = {k: v for k, v in state.items() if k != "levels"}  # a one-rank (or older) state
+    ds.load_state_dict(prefix)
+    assert ids_of(ds) == order[48:]
+
+
+def test_elastic_resume_into_persistent_workers(source, total_records, monkeypatch):
+    # The levels of a two-rank state reach persistent workers through their channel.
+    seen = []
+    for rank in range(2):
+        got, state = _rank_run(source, monkeypatch, rank, 2, None, batches=4)
+        seen += got
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    loader = StreamingDataLoader(
+        StreamingDataset(source, shuffle=True, seed=4, batch_size=8), num_workers=2, persistent_workers=True
+    )
+    loader.load_state_dict(state)
+    seen += ids_of(loader)
+    assert sorted(seen) == list(range(total_records))
+    del loader
 
 
 def test_persistent_workers_follow_epochs_and_loaded_states(source, total_records):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cachetier.errors import BadInputError, UsageError
 from loaders import ArrowFileSource, StreamingDataset
 from loaders.decoded import DecodedShard
-from tests.loaders._shards import IpcShardSource
+from tests.loaders._shards import IpcShardSource, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -103,6 +103,31 @@ def test_ranks_from_the_environment_are_disjoint_and_equal(source, total_records
     assert len({len(r) for r in per_rank}) == 1
     flat = [i for r in per_rank for i in r]
     assert len(flat) == len(set(flat)) == total_records - total_records % world
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_rank_reads_only_the_shards_of_its_own_stretch_of_the_epoch(tmp_path, monkeypatch, shuffle):
+    # At scale a node must read its partition, not every shard (DESIGN.md, section 8).
+    write_shards(tmp_path, [20] * 24)
+    world, window, reads = 4, 2, []
+
+    class Counting(IpcShardSource):
+        def read_shard(self, shard_id, columns=None):
+            reads[-1].add(shard_id)
+            return super().read_shard(shard_id, columns)
+
+    per_rank = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        reads.append(set())
+        ds = StreamingDataset(
+            Counting.from_folder(tmp_path), shuffle=shuffle, batch_size=8, shuffle_window=window
+        )
+        per_rank.append(ids_of(ds))
+    assert sorted(i for r in per_rank for i in r) == list(range(480))
+    assert max(len(r) for r in reads) <= 24 // world + window, [len(r) for r in reads]
+    assert len(set().union(*reads)) == 24
 
 
 @pytest.mark.parametrize("window", [2, 3])
