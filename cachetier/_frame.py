@@ -25,7 +25,7 @@ import xxhash
 
 from cachetier.hashing import BytesLike
 
-__all__ = ["HEADER_SIZE", "frame_header", "open_frame", "payload_matches"]
+__all__ = ["HEADER_SIZE", "frame_header", "frame_header_of", "open_frame", "payload_matches"]
 
 _HEADER = struct.Struct("<4sIQ16s")
 _MAGIC = b"TDC1"
@@ -35,7 +35,12 @@ HEADER_SIZE = _HEADER.size
 def frame_header(payload: BytesLike) -> bytes:
     """Return the header that goes in front of ``payload``."""
     view = memoryview(payload)
-    return _HEADER.pack(_MAGIC, 0, view.nbytes, xxhash.xxh3_128_digest(view))
+    return frame_header_of(view.nbytes, xxhash.xxh3_128_digest(view))
+
+
+def frame_header_of(length: int, digest: bytes) -> bytes:
+    """Return the header of a payload of ``length`` bytes whose XXH3-128 is ``digest``."""
+    return _HEADER.pack(_MAGIC, 0, length, digest)
 
 
 def open_frame(

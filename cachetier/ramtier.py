@@ -21,6 +21,11 @@ Rules
   file, temp files included, i.e. what tmpfs holds), evict what the chooser names until
   the new value fits the budget, write a temp file and rename it into place. Readers
   see the whole value or nothing.
+- **Written in place**: :meth:`RamTier.write_pending` lets a producer (a shard decoder)
+  write a value straight into a temp file, hashed as it goes, so the value never sits
+  in the producer's memory; :meth:`RamTier.admit_pending` then applies the budget as
+  above and renames the file into place, or unlinks it. The producer reads the value
+  from its mapping either way (a refused value lives until that mapping is dropped).
 - **Crashes**: ``kill -9`` releases the lock (the kernel drops locks of dead processes)
   and can leave a temp file, which the next admission (or :meth:`RamTier.open`) deletes
   once its pid is gone. Nothing half-written is ever visible under a key.
@@ -36,12 +41,16 @@ import mmap
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
-from cachetier._frame import HEADER_SIZE, frame_header, open_frame
+import xxhash
+
+from cachetier._frame import HEADER_SIZE, frame_header, frame_header_of, open_frame
 from cachetier._proc import process_alive
 from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
 from cachetier.hashing import BytesLike
@@ -50,7 +59,7 @@ from cachetier.metrics import TierCounters
 from cachetier.pages import drop_view
 from cachetier.store import ObjectInfo, Store
 
-__all__ = ["RamTier"]
+__all__ = ["PendingValue", "RamTier"]
 
 _BLOCK = 4096
 _TEMP = ".tmp."
@@ -205,6 +214,81 @@ class RamTier(Store):
         self.counters.bytes_written += payload.nbytes
         return True
 
+    def write_pending(self, write: Callable[[Any], None]) -> PendingValue:
+        """Run ``write(sink)`` into a new temp file of this tier and return the value, pending.
+
+        ``sink`` is a write-only file object (``write``, ``tell``, ``flush``), what Arrow's
+        writers take; the value goes to tmpfs as it is written and is hashed on the way,
+        so it never passes through this process's memory. The budget applies when the
+        value is admitted (:meth:`admit_pending`); until then its temp file counts toward
+        what other admissions see. An error of ``write`` propagates as it is; an error of
+        tmpfs (full, unwritable) raises StoreUnavailableError. Nothing is left behind on
+        failure.
+        """
+        self.open()
+        tmp = self.values / f"{_TEMP}{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            self.counters.errors += 1
+            raise _unavailable(e, self.root) from e
+        try:
+            sink = _FrameSink(fd)
+            try:
+                write(sink)
+            except Exception:
+                if sink.error is not None:
+                    raise _unavailable(sink.error, self.root) from sink.error
+                raise
+            try:
+                os.pwrite(fd, frame_header_of(sink.length, sink.digest()), 0)
+                st = os.fstat(fd)
+                mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+            except OSError as e:
+                raise _unavailable(e, self.root) from e
+        except BaseException as e:
+            if isinstance(e, StoreUnavailableError):
+                self.counters.errors += 1
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return PendingValue(tmp, memoryview(mapped)[HEADER_SIZE:], (st.st_ino, st.st_mtime_ns, st.st_size))
+
+    def admit_pending(self, key: str, pending: PendingValue, choose: Chooser | None = None) -> bool:
+        """Rename ``pending`` into place under ``key`` if it fits the budget once
+        ``choose``'s victims are gone (as :meth:`admit`), else unlink it; True when the
+        key holds the value (or already held one). ``pending.view`` stays valid either way."""
+        name = _name(key)
+        temp = pending.path
+        if temp is None:
+            raise BadInputError("the pending value was admitted or discarded already", subject=key)
+        try:
+            with self._locked():
+                sizes = self._scan(clean=True)
+                if name in sizes:
+                    pending.discard()
+                    return True
+                if sizes.get(temp.name, 0) > self.budget:
+                    pending.discard()
+                    return False
+                missing = sum(sizes.values()) - self.budget
+                if missing > 0 and not self._make_room(missing, sizes, choose):
+                    self.counters.rejections += 1
+                    pending.discard()
+                    return False
+                os.rename(temp, self.values / name)
+                pending.placed()
+        except OSError as e:
+            pending.discard()
+            self.counters.errors += 1
+            raise _unavailable(e, self.root) from e
+        if self.verify:  # hashed as it was written: this process need not check it again
+            self._remember_checked(name, pending.identity)
+        self.counters.admissions += 1
+        self.counters.bytes_written += pending.view.nbytes
+        return True
+
     def _make_room(self, missing: int, sizes: dict[str, int], choose: Chooser | None) -> bool:
         residents = [Resident(unquote(n), size) for n, size in sizes.items() if n[0] != "."]
         if choose is None:
@@ -301,6 +385,83 @@ class RamTier(Store):
                 yield
             finally:
                 os.close(fd)
+
+
+class PendingValue:
+    """A value written to a temp file of a :class:`RamTier` and not yet under a key.
+
+    ``view`` is its payload, read-only, mapped from the file. :meth:`RamTier.admit_pending`
+    renames the file into place or unlinks it; :meth:`discard` (or dropping the object)
+    unlinks a file still pending, so no path leaves a temp file behind for long.
+    """
+
+    def __init__(self, path: Path, view: memoryview, identity: tuple[int, int, int]):
+        self.path: Path | None = path
+        self.view = view.toreadonly()
+        self.identity = identity
+        self._cleanup = weakref.finalize(self, _unlink_quietly, path)
+
+    @property
+    def nbytes(self) -> int:
+        """The payload's size."""
+        return self.view.nbytes
+
+    def placed(self) -> None:
+        """The file is under its key now: nothing to clean up."""
+        self.path = None
+        self._cleanup.detach()
+
+    def discard(self) -> None:
+        """Unlink the temp file if it is still pending (the view stays valid)."""
+        self.path = None
+        self._cleanup()
+
+
+class _FrameSink:
+    """A write-only file over ``fd`` that fills a frame's payload and hashes it on the way."""
+
+    closed = False
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._hash = xxhash.xxh3_128()
+        self.length = 0
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < view.nbytes:
+                done += os.pwrite(self._fd, view[done:], HEADER_SIZE + self.length + done)
+        except OSError as e:
+            self.error = e
+            raise
+        self._hash.update(view)
+        self.length += view.nbytes
+        return view.nbytes
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+    def tell(self) -> int:
+        return self.length
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _name(key: str) -> str:

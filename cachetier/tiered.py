@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -59,10 +60,10 @@ from cachetier.metrics import CacheCounters, FetchCounters, TierCounters
 from cachetier.objects import ObjectStore
 from cachetier.policy import Candidate, PlacementPolicy, get_policy
 from cachetier.publish import CounterPublisher
-from cachetier.ramtier import RamTier
+from cachetier.ramtier import PendingValue, RamTier
 from cachetier.stats import AccessStats, MemoryStats, SharedStats
 
-__all__ = ["TieredStore", "decoded_key"]
+__all__ = ["StreamingDecoder", "TieredStore", "decoded_key"]
 
 # An SSD hit that RAM refused is not offered to RAM again for this many reads of this
 # process: a refused offer costs a scan of RAM's residents (~0.5 ms, as much as the hit).
@@ -70,6 +71,24 @@ _RECONSIDER_AFTER = 128
 _CORRUPT = object()
 
 Decoder = Callable[[memoryview], BytesLike]
+
+
+class StreamingDecoder(ABC):
+    """A decoder that can also write its output to a file object.
+
+    With one, :meth:`TieredStore.get_decoded` has the decoded value written straight
+    into the RAM tier's file (:meth:`~cachetier.ramtier.RamTier.write_pending`): it
+    never sits in the reader's memory, only in tmpfs, which the reader maps. Calling
+    the decoder returns the value in memory (no RAM tier, or RAM unusable).
+    """
+
+    @abstractmethod
+    def __call__(self, raw: memoryview) -> BytesLike:
+        """The decoded value of ``raw``."""
+
+    @abstractmethod
+    def write_to(self, raw: memoryview, sink: Any) -> None:
+        """Write the decoded value of ``raw`` (the same bytes ``self(raw)`` returns) to ``sink``."""
 
 
 def decoded_key(oid: str, kind: str = "decoded") -> str:
@@ -202,9 +221,12 @@ class TieredStore:
                 view = self._from_ram(key, count=False)  # filled by another process meanwhile?
                 if view is None:
                     decoded = self._fill_decoded(oid, key, decode)
-                    # read it back from tmpfs when it went there: shared pages the reader
-                    # maps as it goes, instead of a private copy for as long as it is used
-                    view = self._from_ram(key, count=False) or memoryview(decoded)
+                    if isinstance(decoded, PendingValue):  # written to tmpfs, mapped already
+                        view = decoded.view
+                    else:
+                        # read it back from tmpfs when it went there: shared pages the reader
+                        # maps as it goes, instead of a private copy for as long as it is used
+                        view = self._from_ram(key, count=False) or memoryview(decoded)
                     del decoded
                 else:
                     self._count_hit("ram", view.nbytes)
@@ -214,17 +236,39 @@ class TieredStore:
         return view.toreadonly()
 
     def _fill_decoded(self, oid: str, key: str, decode: Decoder) -> Any:
+        """Decode ``oid`` (from RAM, SSD or the store) and offer the value to RAM; return
+        it, a :class:`PendingValue` when it was written straight to tmpfs."""
+        use = self._decoding(decode)
         raw = self._from_ram(oid)
         if raw is not None:
-            decoded = decode(raw)
+            decoded = use(raw)
         else:
-            decoded = self._from_ssd(oid, decode)
+            decoded = self._from_ssd(oid, use)
             if decoded is None:
                 data = self._fetch(oid)
                 self._offer("ssd", oid, data)
-                decoded = decode(memoryview(data))
+                decoded = use(memoryview(data))
         self._offer("ram", key, decoded)
         return decoded
+
+    def _decoding(self, decode: Decoder) -> Callable[[memoryview], Any]:
+        """``decode``, or for a :class:`StreamingDecoder` while RAM takes writes, a
+        function that writes the value into a pending RAM-tier file."""
+        ram = self.ram
+        if not isinstance(decode, StreamingDecoder) or ram is None or not self._ram_writable():
+            return decode
+
+        def into_ram(raw: memoryview) -> Any:
+            try:
+                return ram.write_pending(lambda sink: decode.write_to(raw, sink))
+            except StoreUnavailableError as e:  # tmpfs full or gone: decode in memory
+                self.health.mark_read_only("ram", e)
+                return decode(raw)
+
+        return into_ram
+
+    def _ram_writable(self) -> bool:
+        return self.ram is not None and self._usable("ram") and self.health.writable("ram")
 
     def _filling(self, oid: str) -> AbstractContextManager[None]:
         """Single-flight for filling ``oid`` (raw or decoded) across threads and processes."""
@@ -340,13 +384,26 @@ class TieredStore:
 
     # -- placement ---------------------------------------------------------------------
 
-    def _offer(self, tier: str, key: str, data: BytesLike, *, skip: int = 0, promotion: bool = False) -> bool:
+    def _offer(
+        self, tier: str, key: str, data: BytesLike | PendingValue, *, skip: int = 0, promotion: bool = False
+    ) -> bool:
         """Ask the policy whether ``key`` enters ``tier``; store it if so.
 
         Raw objects that RAM evicts to make room are offered to the SSD tier (demoted)
         unless it holds them already. A refused promotion (of an SSD hit to RAM) is not
         tried again for ``_RECONSIDER_AFTER`` reads: each try scans RAM's residents.
+        A :class:`PendingValue` (RAM only) is renamed into place or discarded.
         """
+        if isinstance(data, PendingValue):
+            try:
+                return self._offer_to(tier, key, data, skip=skip, promotion=promotion)
+            finally:
+                data.discard()  # a no-op once it is in place
+        return self._offer_to(tier, key, data, skip=skip, promotion=promotion)
+
+    def _offer_to(
+        self, tier: str, key: str, data: BytesLike | PendingValue, *, skip: int, promotion: bool
+    ) -> bool:
         target = self.ram if tier == "ram" else self.ssd
         if target is None or not self._usable(tier) or not self.health.writable(tier):
             return False
@@ -355,8 +412,13 @@ class TieredStore:
             return False
         self.hints.refresh()
         demoted: list[tuple[str, memoryview]] = []
+        chooser = self._chooser(key, skip=skip, demoted=demoted)
         try:
-            admitted = target.admit(key, data, self._chooser(key, skip=skip, demoted=demoted))
+            if isinstance(data, PendingValue):
+                assert isinstance(target, RamTier)
+                admitted = target.admit_pending(key, data, chooser)
+            else:
+                admitted = target.admit(key, data, chooser)
         except TIER_ERRORS as e:
             self.health.mark_read_only(tier, e)
             admitted = False
@@ -435,11 +497,12 @@ class TieredStore:
         with self._filling(oid):
             if self.ram.exists(key):  # another process filled it meanwhile
                 return
-            value = self._from_ssd(oid, decode)
+            use = self._decoding(decode) if decode else None
+            value = self._from_ssd(oid, use)
             if value is None:
                 data = self._fetch(oid)
                 self._offer("ssd", oid, data, skip=1)  # worth keeping only for the read after the next
-                value = decode(memoryview(data)) if decode else data
+                value = use(memoryview(data)) if use else data
             self._offer("ram", key, value)
 
     # -- maintenance -------------------------------------------------------------------
@@ -633,6 +696,8 @@ class TieredStore:
 
 
 def _nbytes(value: Any) -> int:
+    if isinstance(value, PendingValue):
+        return value.nbytes
     try:
         return memoryview(value).nbytes
     except TypeError:

@@ -441,6 +441,7 @@ def shard_batches(data: BytesLike | pa.Buffer) -> tuple[pa.Schema, Iterator[pa.R
             except _UNREADABLE as e:
                 raise _unreadable(e) from e
             yield batch
+            del batch  # before decoding the next one: one batch held at a time
 
     return reader.schema, batches()
 

@@ -27,24 +27,39 @@ import pyarrow as pa
 
 from cachetier.config import CacheConfig, load_cache_config
 from cachetier.pages import drop_mapping
-from cachetier.tiered import TieredStore
+from cachetier.tiered import StreamingDecoder, TieredStore
 from datastore.repo import Repo
 from datastore.shards import read_shard, shard_batches
 
-__all__ = ["RepoShardSource", "decode_shard", "open_shard_source"]
+__all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "open_shard_source"]
 
 _DECODED = "ipc-plain"
 _MAPPED_MAX = 64
 
 
-def decode_shard(data: memoryview | bytes) -> pa.Buffer:
-    """Return the shard re-encoded as an Arrow IPC file without compression (for the RAM tier)."""
-    schema, batches = shard_batches(data)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
-        for batch in batches:  # one decompressed batch at a time, not a second whole copy
-            writer.write_batch(batch)
-    return sink.getvalue()
+class ShardDecoder(StreamingDecoder):
+    """A shard re-encoded as an Arrow IPC file without compression: what the RAM tier keeps.
+
+    The tiered cache has it write straight into the RAM tier's file, one decompressed
+    record batch at a time, so decoding a shard costs the reader about one batch of
+    memory, not the decoded shard (nor the copies of a growing buffer).
+    """
+
+    def __call__(self, raw: memoryview | bytes) -> pa.Buffer:
+        sink = pa.BufferOutputStream()
+        self.write_to(raw, sink)
+        return sink.getvalue()
+
+    def write_to(self, raw: memoryview | bytes, sink: Any) -> None:
+        schema, batches = shard_batches(raw)
+        with pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:  # one decompressed batch at a time, not a second whole copy
+                writer.write_batch(batch)
+                del batch  # let it go before the next one is decoded
+
+
+#: Decodes a stored shard for the RAM tier (see :class:`ShardDecoder`).
+decode_shard = ShardDecoder()
 
 
 class RepoShardSource:

@@ -196,3 +196,64 @@ def test_a_forked_child_does_not_inherit_the_admission_lock(shm_dir: Path) -> No
     )
     assert result.returncode == 0, result.stderr
     assert float(result.stdout) < 2.0
+
+
+def _write_chunks(chunks: list[bytes]):
+    def write(sink) -> None:
+        for chunk in chunks:
+            sink.write(chunk)
+
+    return write
+
+
+def temp_files(root: Path) -> list[str]:
+    return [p.name for p in (root / "v").iterdir() if p.name.startswith(".tmp.")]
+
+
+def test_a_value_written_in_place_is_admitted_framed_and_checked(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=8 << 20)
+    chunks = [os.urandom(n) for n in (10, 1 << 20, 3, 70_000)]
+    pending = tier.write_pending(_write_chunks(chunks))
+    assert isinstance(pending.view.obj, mmap.mmap) and pending.view == b"".join(chunks)
+    assert not tier.exists("k") and len(temp_files(shm_dir)) == 1
+    assert tier.admit_pending("k", pending)
+    assert temp_files(shm_dir) == [] and pending.path is None
+    other = RamTier(shm_dir, budget=8 << 20)  # another process: checks the frame's checksum
+    assert other.get("k") == b"".join(chunks) and other.counters.corrupt == 0
+    assert tier.usage()["bytes_used"] == allocated(shm_dir)
+
+
+def test_a_refused_pending_value_stays_readable_and_leaves_no_file(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=64 << 10)
+    assert tier.admit("a", os.urandom(40 << 10))
+    value = os.urandom(40 << 10)
+    pending = tier.write_pending(_write_chunks([value]))
+    assert tier.admit_pending("b", pending, lambda missing, residents, txn: None) is False
+    assert tier.counters.rejections == 1 and tier.exists("a") and not tier.exists("b")
+    assert temp_files(shm_dir) == [] and pending.view == value
+    big = tier.write_pending(_write_chunks([os.urandom(100 << 10)]))
+    assert tier.admit_pending("big", big) is False and temp_files(shm_dir) == []
+    again = tier.write_pending(_write_chunks([value]))
+    assert tier.admit_pending("b", again, lambda m, rs, txn: [r.key for r in rs])
+    assert not tier.exists("a") and tier.get("b") == value
+    assert allocated(shm_dir) <= 64 << 10
+
+
+def test_a_failed_or_dropped_pending_write_leaves_nothing(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=1 << 20)
+
+    def failing(sink) -> None:
+        sink.write(b"half a value")
+        raise ValueError("decoder broke")
+
+    with pytest.raises(ValueError, match="decoder broke"):
+        tier.write_pending(failing)
+    assert temp_files(shm_dir) == []
+    pending = tier.write_pending(_write_chunks([b"never admitted"]))
+    assert len(temp_files(shm_dir)) == 1
+    del pending  # dropped without admit: its file goes with it
+    assert temp_files(shm_dir) == []
+    with pytest.raises(StoreUnavailableError):
+        blocked = RamTier(shm_dir / "file-not-dir", budget=1 << 20)
+        (shm_dir / "file-not-dir").write_text("x")
+        blocked.write_pending(_write_chunks([b"v"]))

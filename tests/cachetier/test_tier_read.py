@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import zlib
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from cachetier.config import CacheConfig
 from cachetier.errors import NotFoundError
 from cachetier.objects import ObjectStore
-from cachetier.tiered import TieredStore, decoded_key
+from cachetier.tiered import StreamingDecoder, TieredStore, decoded_key
 
 
 def test_reads_return_the_stored_bytes_from_every_tier(objects: ObjectStore, put_blobs, make_config) -> None:
@@ -164,3 +165,34 @@ def test_plans_are_shared_between_stores_of_the_node(objects: ObjectStore, put_b
         other.hints.refresh(force=True)
         uses = other.hints.next_use(ids)
     assert uses == {ids[3]: 0, ids[2]: 1, ids[1]: 2, ids[0]: 3}
+
+
+class _Zlib(StreamingDecoder):
+    """A streaming decoder: writes the decompressed value in pieces."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, raw: memoryview) -> bytes:
+        self.calls.append("memory")
+        return zlib.decompress(raw)
+
+    def write_to(self, raw: memoryview, sink) -> None:
+        self.calls.append("stream")
+        value = zlib.decompress(raw)
+        for start in range(0, len(value), 100_000):
+            sink.write(value[start : start + 100_000])
+
+
+def test_a_streaming_decoder_writes_straight_into_the_ram_tier(objects: ObjectStore, make_config) -> None:
+    value = os.urandom(1 << 20) + b"record " * 50_000
+    oid = objects.put(zlib.compress(value))
+    decode = _Zlib()
+    with TieredStore(objects, make_config(ram_bytes=4 << 20)) as ts:
+        first = ts.get_decoded(oid, decode)
+        assert isinstance(first.obj, mmap.mmap) and first.readonly and first == value
+        assert decode.calls == ["stream"] and ts.ram.exists(decoded_key(oid))
+        assert bytes(ts.get_decoded(oid, decode)) == value and decode.calls == ["stream"]  # a hit
+        assert not [p for p in (ts.ram.values).iterdir() if p.name.startswith(".tmp.")]
+    with TieredStore(objects, make_config(ram_bytes=0)) as ts:  # no RAM tier: decoded in memory
+        assert bytes(ts.get_decoded(oid, decode)) == value and decode.calls[-1] == "memory"
