@@ -17,6 +17,15 @@ Run (after ``bash benchmarks/setup_dvc_env.sh``)::
     .venv/bin/python -m benchmarks.bench_ingest --runs 3 --out benchmarks/results/ingest.json
 
 Writes JSON (and a PNG next to it when matplotlib is importable).
+
+Clean-up waits for the end. On ext4 without a journal (as here), creating files soon
+after many were deleted is several times slower for any tool: the kernel's inode
+allocator skips over recently freed inode slots (``recently_deleted()`` in
+fs/ext4/ialloc.c) at a cost per creation, until they are reused. Deleting a run's
+60,000-100,000 files between runs made the next tool's file creation pay for it, so the
+working folders are set aside (their big files deleted at once: few inodes) and deleted
+after the last run. ``dvc checkout`` still follows the deletion of DVC's workspace, as
+DVC's workflow requires.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +62,26 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return elapsed
+
+
+class Trash:
+    """Folders set aside now and deleted by :meth:`empty` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def discard(self, path: Path) -> None:
+        """Delete the big files under ``path`` now and move the rest aside."""
+        for folder, _, names in os.walk(path):
+            for name in names:
+                file = Path(folder) / name
+                if file.stat().st_size > 1 << 20:
+                    file.unlink()
+        path.rename(self.root / uuid.uuid4().hex)
+
+    def empty(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def make_small_files(root: Path, n: int, seed: int) -> None:
@@ -99,7 +129,9 @@ def repo_bytes(path: Path) -> int:
     return sum(dir_bytes(p) for p in parts if p.exists())
 
 
-def bench_tierdata(work: Path, small: Path, big: Path, s3: Any, shard_args: list[str]) -> dict[str, Any]:
+def bench_tierdata(
+    work: Path, small: Path, big: Path, s3: Any, shard_args: list[str], trash: Trash
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     proj = work / "td"
     proj.mkdir()
@@ -111,7 +143,7 @@ def bench_tierdata(work: Path, small: Path, big: Path, s3: Any, shard_args: list
     out["add_repo_bytes"] = repo_bytes(repo)
     target = work / "td-out"
     out["checkout"] = run([*DATASET, "checkout", "main", "--to", str(target)], proj)
-    shutil.rmtree(target)
+    trash.discard(target)
     for label, spread in (("readd", False), ("readd_spread", True)):
         before = repo_bytes(repo)
         edit_files(small, 0.01, seed=7 if spread else 8, spread=spread)
@@ -211,25 +243,29 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"tierdata": [], "dvc": []}
     # absolute: the tools run in folders of their own
     bench_tmp = os.path.abspath(os.environ["BENCH_TMP"]) if os.environ.get("BENCH_TMP") else None
+    trash = Trash(Path(tempfile.mkdtemp(prefix="bench-trash-", dir=bench_tmp)))
     try:
         for i in range(args.runs):
             for tool in ("tierdata", "dvc"):
                 if tool == "dvc" and args.no_dvc:
                     continue
-                with tempfile.TemporaryDirectory(prefix=f"bench-{tool}-", dir=bench_tmp) as tmp:
-                    work = Path(tmp)
+                work = Path(tempfile.mkdtemp(prefix=f"bench-{tool}-", dir=bench_tmp))
+                try:
                     small, big = work / "src-small", work / "src-big.bin"
                     make_small_files(small, args.files, seed=i)
                     make_big_file(big, args.big_mib << 20, seed=i)
                     subprocess.run(["sync"], check=False)
                     if tool == "tierdata":
                         shard_args = ["--shard-size", args.shard_size] if args.shard_size else []
-                        result = bench_tierdata(work, small, big, s3, shard_args)
+                        result = bench_tierdata(work, small, big, s3, shard_args, trash)
                     else:
                         result = bench_dvc(work, small, big, s3)
-                    runs[tool].append(result)
-                    print(json.dumps({"run": i, "tool": tool, **result}), file=sys.stderr)
+                finally:
+                    trash.discard(work)
+                runs[tool].append(result)
+                print(json.dumps({"run": i, "tool": tool, **result}), file=sys.stderr)
     finally:
+        trash.empty()
         if server:
             server.stop()
     medians = {
