@@ -73,8 +73,8 @@ class _Spec:
     @classmethod
     def from_ints(cls, v: Sequence[int], records: int) -> _Spec:
         v = [int(x) for x in v]
-        levels = tuple(tuple(v[i : i + 3]) for i in range(7, 7 + 3 * v[6], 3))
-        return cls(v[0], Remaining(records, levels), v[1], v[2], v[3], bool(v[4]), bool(v[5]))  # type: ignore[arg-type]
+        levels = tuple((v[i], v[i + 1], v[i + 2]) for i in range(7, 7 + 3 * v[6], 3))
+        return cls(v[0], Remaining(records, levels), v[1], v[2], v[3], bool(v[4]), bool(v[5]))
 
 
 @dataclass(slots=True)
