@@ -399,7 +399,7 @@ class PendingValue:
         self.path: Path | None = path
         self.view = view.toreadonly()
         self.identity = identity
-        self._cleanup = weakref.finalize(self, _unlink_quietly, path)
+        self._cleanup = weakref.finalize(self, _unlink_quietly, path, os.getpid())
 
     @property
     def nbytes(self) -> int:
@@ -457,7 +457,9 @@ class _FrameSink:
         self.closed = True
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path, owner: int) -> None:
+    if os.getpid() != owner:  # a forked child exiting must not take its parent's pending file
+        return
     try:
         path.unlink(missing_ok=True)
     except OSError:

@@ -257,3 +257,18 @@ def test_a_failed_or_dropped_pending_write_leaves_nothing(shm_dir: Path) -> None
         blocked = RamTier(shm_dir / "file-not-dir", budget=1 << 20)
         (shm_dir / "file-not-dir").write_text("x")
         blocked.write_pending(_write_chunks([b"v"]))
+
+
+def test_a_forked_child_leaves_its_parents_pending_file_alone(shm_dir: Path) -> None:
+    tier = RamTier(shm_dir, budget=1 << 20)
+    pending = tier.write_pending(_write_chunks([b"the parent's value"]))
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy of the pending value and exits normally
+        del pending
+        import gc
+
+        gc.collect()
+        os._exit(0 if len(temp_files(shm_dir)) == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert tier.admit_pending("k", pending) and tier.get("k") == b"the parent's value"
