@@ -8,6 +8,10 @@ Read path (:meth:`TieredStore.read`)::
     miss     → fetched from the object store (verified against its id, retried with
                backoff), then offered to RAM, and to the SSD tier if RAM refuses
 
+A decoded value (:meth:`TieredStore.get_decoded`, e.g. a decompressed shard) lives in
+RAM under its own key; a :class:`StreamingDecoder` writes it straight into a pending RAM
+file, which is then admitted or unlinked, so it never sits in the reader's memory.
+
 Each offer asks the placement policy (:mod:`cachetier.policy`) with the object's decayed
 frequency (:mod:`cachetier.stats`) and next announced use (:mod:`cachetier.hints`). A raw
 object that RAM evicts is offered to the SSD tier (demotion) unless it is there, so

@@ -49,7 +49,7 @@ class WorkerProgress:
     worker: int
     chunks: int
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form (short keys keep the state small)."""
         return {
             "levels": [list(level) for level in self.levels],
