@@ -116,14 +116,21 @@ KILLED_WRITER = textwrap.dedent(
         time.sleep(60)
         return n
     os.pwrite = slow_pwrite
-    tier.put("torn", os.urandom(8 << 20))
+    if sys.argv[2] == "put":
+        tier.put("torn", os.urandom(8 << 20))
+    else:  # written in place, as a decoder does
+        tier.admit_pending("torn", tier.write_pending(lambda sink: sink.write(os.urandom(8 << 20))))
     """
 )
 
 
-def test_kill_9_mid_write_leaves_nothing_that_breaks_the_next_run(shm_dir: Path) -> None:
+@pytest.mark.parametrize("how", ["put", "pending"])
+def test_kill_9_mid_write_leaves_nothing_that_breaks_the_next_run(shm_dir: Path, how: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, str(shm_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", KILLED_WRITER, str(shm_dir), how],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "writing"

@@ -196,3 +196,18 @@ def test_a_streaming_decoder_writes_straight_into_the_ram_tier(objects: ObjectSt
         assert not [p for p in (ts.ram.values).iterdir() if p.name.startswith(".tmp.")]
     with TieredStore(objects, make_config(ram_bytes=0)) as ts:  # no RAM tier: decoded in memory
         assert bytes(ts.get_decoded(oid, decode)) == value and decode.calls[-1] == "memory"
+
+
+def test_a_decoded_value_bigger_than_ram_is_still_served_and_leaves_no_file(
+    objects: ObjectStore, make_config
+) -> None:
+    value = os.urandom(3 << 20)
+    oid = objects.put(zlib.compress(value))
+    decode = _Zlib()
+    with TieredStore(objects, make_config(ram_bytes=1 << 20)) as ts:  # the tier refuses it
+        view = ts.get_decoded(oid, decode)
+        assert view == value and decode.calls == ["stream"]
+        assert not ts.ram.exists(decoded_key(oid))
+        assert not [p for p in ts.ram.values.iterdir() if p.name.startswith(".tmp.")]
+        assert bytes(ts.get_decoded(oid, decode)) == value  # decoded again: nothing cached
+        assert ts.ram.usage()["bytes_used"] <= 1 << 20
