@@ -2,7 +2,7 @@
 
 ::
 
-    {"format": 1, "version": "<id>", "seed": 0, "epoch": 3, "consumed": 81920,
+    {"format": 2, "version": "<id>", "seed": 0, "epoch": 3, "consumed": 81920,
      "records": 100000, "shuffle": true, "window": 4, "group": 33554432,
      "block": 4194304, "levels": [[8, 12500, 10240]]}
 
@@ -10,7 +10,9 @@
 :class:`loaders.partition.Remaining`: here each of 8 ranks consumed the first 10,240
 of its 12,500). Without ``levels`` the first ``consumed`` positions of the epoch's order
 are done (one rank, and states written before ranks read sections). Either way a state
-resumes under any world size, worker count or batch size. ``records``, ``shuffle``,
+resumes under any world size, worker count or batch size. A state with ``levels`` has
+``"format": 2``, so a version of tierdata that predates them refuses it instead of
+reading ``consumed`` as a prefix; one without is ``"format": 1``, as before. ``records``, ``shuffle``,
 ``window``, ``group`` (the
 plan's ``min_group``: the decoded bytes that group small shards) and ``block`` (the
 plan's shuffle block; a state without it predates blocks: 0) pin down the plan;
@@ -32,7 +34,9 @@ from loaders.partition import MAX_LEVELS, Level, Remaining
 
 __all__ = ["STATE_FORMAT", "LoaderState", "WorkerProgress"]
 
-STATE_FORMAT = 1
+#: The format of a state with ``levels``; one without is format 1 (readable by older versions).
+STATE_FORMAT = 2
+_FORMATS = (1, STATE_FORMAT)
 _SUBJECT = "loader state"
 
 
@@ -102,7 +106,7 @@ class LoaderState:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able dict (well under 1 KB)."""
         d: dict[str, Any] = {
-            "format": STATE_FORMAT,
+            "format": 1,
             "version": self.version,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -114,6 +118,7 @@ class LoaderState:
             "block": self.block,
         }
         if self.remaining != Remaining.prefix(self.records, self.consumed):
+            d["format"] = STATE_FORMAT
             d["levels"] = self.remaining.to_list()
         if self.worker is not None:
             d["worker"] = self.worker.to_dict()
@@ -125,8 +130,10 @@ class LoaderState:
         if not isinstance(d, Mapping):
             raise BadInputError(f"expected a dict, got {type(d).__name__}", subject=_SUBJECT)
         fmt = d.get("format")
-        if fmt != STATE_FORMAT:
-            raise BadInputError(f"unknown format {fmt!r} (expected {STATE_FORMAT})", subject=_SUBJECT)
+        if fmt not in _FORMATS:
+            raise BadInputError(
+                f"unknown format {fmt!r} (expected {' or '.join(map(str, _FORMATS))})", subject=_SUBJECT
+            )
         version = d.get("version")
         if not isinstance(version, str) or not version:
             raise BadInputError(f"bad version {version!r}", subject=_SUBJECT)

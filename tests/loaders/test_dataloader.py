@@ -189,6 +189,7 @@ def test_a_state_of_ranks_says_what_each_consumed_and_rejects_tampering(source, 
     state = states[0]
     assert state == states[1] and state["consumed"] == 2 * 3 * 8
     assert state["levels"] == [[2, total_records // 2, 24]]
+    assert state["format"] == 2  # so versions that predate levels refuse it
     assert len(json.dumps(state)) < 1024
     ds = StreamingDataset(source, shuffle=True, seed=4, batch_size=8)
     with pytest.raises(BadInputError, match="levels consume 50 samples"):
@@ -200,7 +201,7 @@ def test_a_state_of_ranks_says_what_each_consumed_and_rejects_tampering(source, 
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     order = ids_of(StreamingDataset(source, shuffle=True, seed=4, batch_size=8))
-    prefix = {k: v for k, v in state.items() if k != "levels"}  # a one-rank (or older) state
+    prefix = {k: v for k, v in state.items() if k != "levels"} | {"format": 1}  # a one-rank (or older) state
     ds.load_state_dict(prefix)
     assert ids_of(ds) == order[48:]
 
