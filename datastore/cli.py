@@ -28,6 +28,9 @@ Handler = Callable[[argparse.Namespace], Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
+    # numpy's OpenBLAS starts a busy-waiting thread per core when it is imported, and no
+    # command uses BLAS: one thread saves ~0.14 s of CPU per command here (unless set).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
