@@ -38,8 +38,10 @@ _TOUCH_INTERVAL = 2.0
 _MAX_GAP = 1 << 20
 # ... of at most this many bytes (several ranges of one pack are fetched in parallel) ...
 _MAX_SEGMENT = 4 << 20
-# ... and requests are planned in windows of about this many bytes, two windows in memory.
+# ... and requests are planned in windows of about this many bytes, two windows in memory;
+# the first window is smaller and the next ones double, so the first objects come early.
 _WINDOW_BYTES = 32 << 20
+_FIRST_WINDOW_BYTES = 4 << 20
 
 
 def object_key(oid: str) -> str:
@@ -300,15 +302,17 @@ class _Window:
 def _plan(oids: list[str], packs: PackMap, max_standalone: int) -> Iterator[_Window]:
     """Cut the requests into windows; group each window's packed members into range reads."""
     start, budget, standalone = 0, 0, 0
+    window_bytes = _FIRST_WINDOW_BYTES
     located = [(oid, packs.locate(oid)) for oid in oids]
     for i, (_oid, member) in enumerate(located):
         if member is None:
             standalone += 1
         else:
             budget += member.length
-        if budget >= _WINDOW_BYTES or standalone >= max_standalone:
+        if budget >= window_bytes or standalone >= max_standalone:
             yield _window(located[start : i + 1])
             start, budget, standalone = i + 1, 0, 0
+            window_bytes = min(2 * window_bytes, _WINDOW_BYTES)
     if start < len(located):
         yield _window(located[start:])
 
