@@ -208,8 +208,7 @@ class RamTier(Store):
                     return False
                 self._write(name, frame_header(payload), payload)
         except OSError as e:
-            self.counters.errors += 1
-            raise _unavailable(e, self.root) from e
+            raise self._failed(e) from e
         self.counters.admissions += 1
         self.counters.bytes_written += payload.nbytes
         return True
@@ -230,25 +229,22 @@ class RamTier(Store):
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            self.counters.errors += 1
-            raise _unavailable(e, self.root) from e
+            raise self._failed(e) from e
         try:
             sink = _FrameSink(fd)
             try:
                 write(sink)
             except Exception:
-                if sink.error is not None:
-                    raise _unavailable(sink.error, self.root) from sink.error
-                raise
+                if sink.error is None:  # the producer's own error
+                    raise
+                raise self._failed(sink.error) from sink.error
             try:
                 os.pwrite(fd, frame_header_of(sink.length, sink.digest()), 0)
                 st = os.fstat(fd)
                 mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
             except OSError as e:
-                raise _unavailable(e, self.root) from e
-        except BaseException as e:
-            if isinstance(e, StoreUnavailableError):
-                self.counters.errors += 1
+                raise self._failed(e) from e
+        except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         finally:
@@ -281,13 +277,17 @@ class RamTier(Store):
                 pending.placed()
         except OSError as e:
             pending.discard()
-            self.counters.errors += 1
-            raise _unavailable(e, self.root) from e
+            raise self._failed(e) from e
         if self.verify:  # hashed as it was written: this process need not check it again
             self._remember_checked(name, pending.identity)
         self.counters.admissions += 1
         self.counters.bytes_written += pending.view.nbytes
         return True
+
+    def _failed(self, err: OSError) -> StoreUnavailableError:
+        """Count a failed write of tmpfs; the error to raise for it."""
+        self.counters.errors += 1
+        return _unavailable(err, self.root)
 
     def _make_room(self, missing: int, sizes: dict[str, int], choose: Chooser | None) -> bool:
         residents = [Resident(unquote(n), size) for n, size in sizes.items() if n[0] != "."]

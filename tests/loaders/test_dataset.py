@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -184,34 +183,29 @@ def test_a_new_iteration_continues_and_then_advances_the_epoch(source, total_rec
     )
 )
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_elastic_legs_through_json_states_deliver_each_record_at_most_once(source, total_records, legs):
+def test_elastic_legs_through_json_states_deliver_each_record_at_most_once(
+    source, total_records, legs, monkeypatch
+):
     """Legs of random world sizes and batch sizes, each stopped after some batches per
     rank; the state of rank 0 goes through JSON into every rank of the next leg."""
     seen, state = [], None
-    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
-    try:
-        for leg, (world, batches, batch_size) in enumerate(legs):
-            last = leg == len(legs) - 1
-            states = []
-            for rank in range(world):
-                os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-                ds = StreamingDataset(source, shuffle=True, seed=9, batch_size=batch_size)
-                if state is not None:
-                    ds.load_state_dict(json.loads(state))
-                ds.set_epoch(0)
-                it = iter(ds)
-                got = list(it) if last else [b for _, b in zip(range(batches), it)]
-                del it
-                seen += ids_of(got)
-                states.append(json.dumps(ds.state_dict()))
-            assert len(set(states)) == 1, "ranks disagree on the state"
-            state = states[0]
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for leg, (world, batches, batch_size) in enumerate(legs):
+        last = leg == len(legs) - 1
+        states = []
+        for rank in range(world):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", str(world))
+            ds = StreamingDataset(source, shuffle=True, seed=9, batch_size=batch_size)
+            if state is not None:
+                ds.load_state_dict(json.loads(state))
+            ds.set_epoch(0)
+            it = iter(ds)
+            got = list(it) if last else [b for _, b in zip(range(batches), it)]
+            del it
+            seen += ids_of(got)
+            states.append(json.dumps(ds.state_dict()))
+        assert len(set(states)) == 1, "ranks disagree on the state"
+        state = states[0]
     assert len(seen) == len(set(seen)), "a record was delivered twice"
     assert json.loads(state)["consumed"] == len(seen)
     assert total_records - len(seen) < legs[-1][0], "more than the last world's remainder was left out"
