@@ -46,6 +46,14 @@ class TierdataError(Exception):
             text = f"{text} ({self.hint})"
         return text.replace("\n", " ")
 
+    def __reduce__(self) -> tuple:
+        # Keep the subject and hint across a pickle (an error raised in another process).
+        return (_rebuild, (type(self), self.message, self.subject, self.hint))
+
+
+def _rebuild(cls: type[TierdataError], message: str, subject: str | None, hint: str | None) -> TierdataError:
+    return cls(message, subject=subject, hint=hint)
+
 
 class NotFoundError(TierdataError, FileNotFoundError):
     """A key, object, ref or path that does not exist."""

@@ -96,22 +96,35 @@ class _FilesIngest:
     # ------------------------------------------------------------ records
 
     def run_source(self, spec: SourceSpec, entries: list[FileEntry]) -> SourceStats:
-        stats = SourceStats()
         digest = hasher()
+        for records in self.hashed(entries, spec.display):
+            self.take(records, digest)
+        return self.source_stats(spec, entries, digest)
+
+    def hashed(self, entries: list[FileEntry], display: str) -> Iterator[list[_Record]]:
+        """The records of ``entries`` a group at a time, each knowing its hash and size."""
 
         def loaded() -> Iterator[tuple[list[_Record], pa.LargeBinaryArray]]:
             for group in _groups(entries, self.chunk_options.threshold):
-                records = self._lookup(group, spec.display)
-                yield records, self._load(records, spec.display)
+                records = self._lookup(group, display)
+                yield records, self._load(records, display)
 
         # The next group's files are read while this one is hashed and cut.
         for records, data in read_ahead(loaded(), depth=2):
             self._hash_fresh(records, data)
-            digest.update(b"".join([r.entry.path.encode() + b"\0" + r.hash for r in records]))
-            self._cut(records)
-            self.up.check()
+            yield records
+
+    def take(self, records: list[_Record], digest) -> None:
+        """Cut hashed records into shards (queued to be stored) and add them to the source digest."""
+        digest.update(digest_part(records))
+        self._cut(records)
+        self.up.check()
+
+    def source_stats(self, spec: SourceSpec, entries: list[FileEntry], digest) -> SourceStats:
+        """A source's stats once all its records are taken; the index forgets its deleted files."""
         if self.index is not None:
             self.index.forget_files_under(spec.path, {e.abspath for e in entries})
+        stats = SourceStats()
         stats.records = len(entries)
         stats.hash = digest.hexdigest()
         stats.bytes = sum(e.size for e in entries)
@@ -325,6 +338,11 @@ def _slice(run: list[_Record]) -> pa.RecordBatch:
     return run[0].batch.slice(run[0].row, len(run))
 
 
+def digest_part(records: list[_Record]) -> bytes:
+    """What records add to their source's digest: each path and record hash."""
+    return b"".join([r.entry.path.encode() + b"\0" + r.hash for r in records])
+
+
 def _hash_array(records: list[_Record]) -> pa.FixedSizeBinaryArray:
     buf = pa.py_buffer(b"".join(r.hash for r in records))
     return pa.FixedSizeBinaryArray.from_buffers(RECORD_HASH_TYPE, len(records), [None, buf])
@@ -339,10 +357,30 @@ def ingest_files(
     *,
     progress: Callable[[int], None] | None,
     read_started_ns: int,
+    lanes: int = 1,
 ) -> FilesOutcome:
-    """Walk the directories (or single files) of ``specs`` and store their records as shards."""
+    """Walk the directories (or single files) of ``specs`` and store their records as shards.
+
+    With ``lanes=2``, one big directory is ingested by this process and a forked child
+    (see :mod:`datastore._lanes`): the same shards, on two cores.
+    """
     listings = [(spec, walk_files(spec.path, spec.display)) for spec in specs]
     _check_unique(listings)
+    if lanes > 1 and len(listings) == 1:
+        from datastore._lanes import ingest_in_two_lanes, two_lanes_pay
+
+        spec, entries = listings[0]
+        if two_lanes_pay(entries):
+            return ingest_in_two_lanes(
+                spec,
+                entries,
+                up,
+                options,
+                chunk_options,
+                index,
+                progress=progress,
+                read_started_ns=read_started_ns,
+            )
     run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
     try:
         stats = [run.run_source(spec, entries) for spec, entries in listings]

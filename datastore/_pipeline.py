@@ -39,6 +39,7 @@ class Uploader:
         self, objects: ObjectStore, *, workers: int, budget: int, pack_below: int = PACK_MEMBER_LIMIT
     ):
         self.objects = objects
+        self.workers, self.budget = workers, budget
         self._pack_below = pack_below
         self._packer = objects.pack_writer()
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="tierdata-ingest")
@@ -100,6 +101,17 @@ class Uploader:
     def count_reused(self) -> None:
         with self._lock:
             self.reused_shards += 1
+
+    def sibling(self, objects: ObjectStore) -> Uploader:
+        """A new uploader like this one, storing into ``objects`` (in a forked process)."""
+        return Uploader(objects, workers=self.workers, budget=self.budget, pack_below=self._pack_below)
+
+    def add_counts(self, new_objects: int, new_bytes: int, reused_shards: int) -> None:
+        """Count what a sibling uploader (in another process) stored and reused."""
+        with self._lock:
+            self.new_objects += new_objects
+            self.new_bytes += new_bytes
+            self.reused_shards += reused_shards
 
     @property
     def packs_written(self) -> int:

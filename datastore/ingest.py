@@ -117,6 +117,7 @@ class _Settings:
     block_bytes: int
     progress: Callable[[int], None] | None
     chunk_options: ChunkOptions
+    lanes: int = 1
 
 
 def ingest(
@@ -132,6 +133,7 @@ def ingest(
     workers: int | None = None,
     chunk_options: ChunkOptions | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    lanes: int = 2,
 ) -> IngestResult:
     """Read ``sources`` and store their records as shards in ``objects``.
 
@@ -141,7 +143,8 @@ def ingest(
     folder to keep ``index.json`` in, or an :class:`IngestIndex`); ``progress(n)`` is
     called with input bytes as they are read. ``shard_size=None`` means the default
     (16 MiB; 64 KiB for a ``files`` dataset, so an edited file rewrites little: its small
-    shards are stored together in packs, see :mod:`cachetier.packs`).
+    shards are stored together in packs, see :mod:`cachetier.packs`). A big directory is
+    ingested by up to ``lanes`` processes (see :mod:`datastore._lanes`); the shards are the same.
     """
     if on_error not in ("fail", "skip"):
         raise BadInputError(
@@ -157,6 +160,7 @@ def ingest(
         block_bytes=block_bytes,
         progress=progress,
         chunk_options=chunk_options or ChunkOptions(),
+        lanes=lanes,
     )
     idx = _open_index(index, objects)
     workers = workers or max(2, os.cpu_count() or 1)
@@ -189,6 +193,7 @@ def _ingest_files(specs, up: Uploader, options, settings: _Settings, idx) -> Ing
         idx,
         progress=settings.progress,
         read_started_ns=time.time_ns(),
+        lanes=settings.lanes,
     )
     return _result(
         outcome.schema,

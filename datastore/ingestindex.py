@@ -60,6 +60,7 @@ class IngestIndex:
         self._shards: dict[str, list] = {}
         self._schemas: dict[str, list] = {}
         self._generation = 0
+        self._changes: list[tuple] | None = None
         self.dirty = False
 
     @classmethod
@@ -126,20 +127,10 @@ class IngestIndex:
     ) -> None:
         """Remember a file's record, unless its mtime is too recent to be trusted."""
         if mtime_ns >= read_started_ns - RACY_NS:
-            self._files.pop(abspath, None)
+            self._set_file(scope, abspath, None)
             return
-        if scope != self._file_scope:
-            self._files.clear()
-            self._file_scope = scope
-        self._files[abspath] = [
-            rel,
-            size,
-            mtime_ns,
-            record_hash.hex(),
-            int(record_size),
-            list(chunks) if chunks is not None else None,
-        ]
-        self.dirty = True
+        chunk_list = list(chunks) if chunks is not None else None
+        self._set_file(scope, abspath, [rel, size, mtime_ns, record_hash.hex(), int(record_size), chunk_list])
 
     def remember_files(
         self,
@@ -149,17 +140,26 @@ class IngestIndex:
         read_started_ns: int,
     ) -> None:
         """:meth:`remember_file` for each ``(entry, record hash, record size, chunks)``."""
-        files = self._files
         for e, record_hash, record_size, chunks in records:
             if e.mtime_ns >= read_started_ns - RACY_NS:
-                files.pop(e.abspath, None)
+                self._set_file(scope, e.abspath, None)
                 continue
-            if scope != self._file_scope:
-                files.clear()
-                self._file_scope = scope
             chunk_list = list(chunks) if chunks is not None else None
-            files[e.abspath] = [e.path, e.size, e.mtime_ns, record_hash.hex(), int(record_size), chunk_list]
-            self.dirty = True
+            value = [e.path, e.size, e.mtime_ns, record_hash.hex(), int(record_size), chunk_list]
+            self._set_file(scope, e.abspath, value)
+
+    def _set_file(self, scope: str, abspath: str, value: list | None) -> None:
+        """Remember (or, with None, forget) one file's entry under ``scope``."""
+        if self._changes is not None:
+            self._changes.append(("file", scope, abspath, value))
+        if value is None:
+            self._files.pop(abspath, None)
+            return
+        if scope != self._file_scope:
+            self._files.clear()
+            self._file_scope = scope
+        self._files[abspath] = value
+        self.dirty = True
 
     def forget_files_under(self, root: str, keep: set[str]) -> None:
         """Drop entries below ``root`` that the latest walk did not see (deleted files)."""
@@ -177,11 +177,13 @@ class IngestIndex:
         if entry is None:
             return None
         entry[5] = self._generation
+        if self._changes is not None:
+            self._changes.append(("shard", key, entry))
         return ShardInfo(entry[0], entry[1], entry[2], entry[3], tuple(entry[4]))
 
     def remember_shard(self, key: str, info: ShardInfo) -> None:
         """Remember which shard these records and options made."""
-        self._shards[key] = [
+        entry = [
             info.hash,
             info.records,
             info.bytes,
@@ -189,7 +191,32 @@ class IngestIndex:
             list(info.chunks),
             self._generation,
         ]
+        self._shards[key] = entry
+        if self._changes is not None:
+            self._changes.append(("shard", key, entry))
         self.dirty = True
+
+    # ---------------------------------------------------------------- another process's changes
+
+    def record_changes(self) -> None:
+        """Keep a list of every file and shard remembered from now on (see :meth:`changes`)."""
+        self._changes = []
+
+    def changes(self) -> list[tuple]:
+        """What was remembered since :meth:`record_changes`, for :meth:`apply_changes`
+        on the index of another process (a forked copy of this one)."""
+        return list(self._changes or [])
+
+    def apply_changes(self, changes: Sequence[tuple]) -> None:
+        """Remember what another process's copy of this index remembered, in order."""
+        for change in changes:
+            if change[0] == "file":
+                _, scope, abspath, value = change
+                self._set_file(scope, abspath, value)
+            else:
+                _, key, entry = change
+                self._shards[key] = [*entry[:5], self._generation]
+                self.dirty = True
 
     # ---------------------------------------------------------------- schemas
 

@@ -193,12 +193,9 @@ class BoundaryCutter:
         if n == 0:
             return []
         sizes = np.asarray(sizes, np.int64)
-        gap = self._gap
-        capped = np.minimum(sizes, int(gap)).astype(np.uint64)
-        candidate = (prefixes >> np.uint64(32)) * gap < (capped << np.uint64(32))
         # Python lists and bisect: small shards mean a cut every few records, and a numpy
         # call per search costs more than the search.
-        cand_idx = np.flatnonzero(candidate).tolist()
+        cand_idx = self._candidates(prefixes, sizes)
         cum = (np.cumsum(sizes) + self.pending_bytes).tolist()
         base, start, cuts = 0, 0, []
         lo, hi = self.options.min_size, self.options.max_size
@@ -218,6 +215,49 @@ class BoundaryCutter:
     def reset(self) -> None:
         """Forget the pending bytes (after the caller flushed the last shard)."""
         self.pending_bytes = 0
+
+    def _candidates(self, prefixes: np.ndarray, sizes: np.ndarray) -> list[int]:
+        """Records whose hash meets the mask (the chance grows with the record's size)."""
+        gap = self._gap
+        capped = np.minimum(sizes, int(gap)).astype(np.uint64)
+        return np.flatnonzero((prefixes >> np.uint64(32)) * gap < (capped << np.uint64(32))).tolist()
+
+    def sync_point(self, prefixes: np.ndarray, sizes: np.ndarray) -> int | None:
+        """A position in this slice where a cut falls whatever came before it, or None.
+
+        After a cut, the next one depends only on where that cut was. Whatever bytes are
+        pending when the slice starts, the first cut falls in its first ``max_size`` bytes,
+        so following every such start until the paths meet gives a cut that a cutter fed
+        from any earlier point makes too: the records after it can be cut on their own,
+        in another process, and give the same shards.
+        """
+        n = len(sizes)
+        sizes = np.asarray(sizes, np.int64)
+        cand_idx = self._candidates(prefixes, sizes)
+        cum = np.cumsum(sizes).tolist()
+        lo, hi = self.options.min_size, self.options.max_size
+
+        def next_cut(start: int) -> int | None:
+            base = cum[start - 1] if start else 0
+            j_min = bisect.bisect_left(cum, base + lo)
+            j_max = bisect.bisect_left(cum, base + hi)
+            k = bisect.bisect_left(cand_idx, max(j_min, start))
+            j = min(cand_idx[k] if k < len(cand_idx) else n, j_max)
+            return j + 1 if j < n else None
+
+        last_first = bisect.bisect_left(cum, hi)  # the latest record a first cut can follow
+        if last_first >= n:
+            return None
+        # Where the first cut may fall: before record 0 (at the slice start) or after any of these.
+        heads = set(range(last_first + 2))
+        while len(heads) > 1:
+            head = min(heads)
+            heads.remove(head)
+            following = next_cut(head)
+            if following is None:
+                return None
+            heads.add(following)
+        return heads.pop()
 
 
 class ShardWriter:

@@ -20,6 +20,7 @@ from cachetier.errors import BadInputError, IntegrityError
 from datastore import recordhash
 from datastore.recordhash import HASH_COLUMN, hash_records, record_hashes
 from datastore.shards import (
+    BoundaryCutter,
     ShardOptions,
     ShardWriter,
     read_record_hashes,
@@ -223,6 +224,52 @@ def test_scattered_one_percent_edit_with_small_shards() -> None:
     after = list(write_shards(pa.Table.from_pylist(rows).to_batches(max_chunksize=4096), options))
     assert 20_000 / len(before) <= 10
     assert _shard_bytes_new(before, after) <= 0.10
+
+
+def _all_cuts(prefixes: np.ndarray, sizes: np.ndarray, options: ShardOptions, pieces: list[int]) -> list[int]:
+    """The cuts of one cutter fed the records in pieces of these lengths (then the rest)."""
+    cutter, cuts, start = BoundaryCutter(options), [], 0
+    for end in [*itertools.accumulate(pieces), len(sizes)]:
+        end = min(end, len(sizes))
+        cuts += [start + c for c in cutter.feed(prefixes[start:end], sizes[start:end])]
+        start = max(start, end)
+    return cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    split=st.integers(0, 400),
+    shard_size=st.sampled_from([1024, 4096, 16384]),
+    big=st.floats(0, 1),
+    seed=st.integers(0, 2**32 - 1),
+    pieces=st.lists(st.integers(1, 50), max_size=6),
+)
+def test_sync_point_is_a_cut_whatever_came_before(n, split, shard_size, big, seed, pieces) -> None:
+    """Two-process ingest rests on this: the cuts after a slice's sync point are those of
+    one cutter fed everything, from any start and in any pieces."""
+    rng = np.random.default_rng(seed)
+    options = ShardOptions(shard_size=shard_size)
+    sizes = rng.integers(1, int(shard_size * 4 * big) + 2, n).astype(np.int64)
+    prefixes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    split = min(split, n)
+    sync = BoundaryCutter(options).sync_point(prefixes[split:], sizes[split:])
+    whole = _all_cuts(prefixes, sizes, options, pieces)
+    if sync is None:
+        return
+    assert 0 < sync <= n - split
+    assert split + sync in whole
+    tail = _all_cuts(prefixes[split + sync :], sizes[split + sync :], options, [])
+    assert [split + sync + c for c in tail] == [c for c in whole if c > split + sync]
+
+
+def test_sync_point_is_found_near_the_start() -> None:
+    rng = np.random.default_rng(1)
+    options = ShardOptions(shard_size=64 << 10)
+    sizes = rng.integers(8 << 10, 12 << 10, 2000).astype(np.int64)
+    prefixes = rng.integers(0, 2**64 - 1, 2000, dtype=np.uint64)
+    sync = BoundaryCutter(options).sync_point(prefixes, sizes)
+    assert sync is not None and sizes[:sync].sum() <= 6 * options.max_size
 
 
 def test_insert_at_the_front_resynchronises() -> None:
