@@ -1,9 +1,8 @@
-"""A files ingest in two processes: a forked child reads, hashes and stores the second
-half of a directory while this process does the first.
+"""A files ingest in two processes: a forked child (:class:`~datastore._forklane.Lane`)
+reads, hashes and stores the second half of a directory while this process does the first.
 
 Most of the work per file and per small shard is Python that holds the GIL, so one
-process uses about 1.3 of 2 cores (20,000 files: 2.2 s, where two processes ingesting one
-half each took 1.0-1.4 s). Two processes use both.
+process uses about 1.3 of 2 cores (20,000 files: 2.0-2.2 s; 1.3-1.6 s in two lanes).
 
 The shards are exactly those of one process. After a cut, the next cut depends only on
 where that cut was; the child finds the first position in its half where a cut falls
@@ -12,29 +11,21 @@ tells this process, and cuts from there. This process takes the records up to th
 position, where its own cutter cuts too. Each process stores its shards through its own
 uploader (into its own packs); the child sends back what it stored, its part of the
 source digest and what it taught its copy of the ingest index.
-
-The child dies with this process (``PR_SET_PDEATHSIG``) and is killed when this process
-fails, so a ``kill -9`` leaves at most unreferenced objects, as it does without lanes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import signal
-import threading
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
 import numpy as np
 
-from cachetier.errors import TierdataError
 from cachetier.hashing import hasher
 from cachetier.objects import ObjectStore
+from datastore._forklane import Lane, Send, can_fork
 from datastore._ingestfiles import FilesOutcome, _FilesIngest, _hash_array
 from datastore._pipeline import Uploader
 from datastore._sourcebase import SourceSpec
@@ -46,25 +37,17 @@ from datastore.shards import ShardInfo, ShardOptions
 
 __all__ = ["ingest_in_two_lanes", "two_lanes_pay"]
 
+log = logging.getLogger(__name__)
+
 # Below this, forking and a second pipeline cost more than the second core saves.
 _MIN_FILES = 1000
 _MIN_BYTES = 32 << 20
-_PR_SET_PDEATHSIG = 1
 _SYNC_STEP = 64  # files hashed at first when looking for the sync point (doubling)
 
 
 def two_lanes_pay(entries: list[FileEntry]) -> bool:
-    """True when two processes would ingest ``entries`` sooner than one, and may be forked.
-
-    Forking needs a process without other threads (a lock one holds would stay locked in
-    the child) and at least two usable cores.
-    """
-    if len(entries) < _MIN_FILES or sum(e.size for e in entries) < _MIN_BYTES:
-        return False
-    if not hasattr(os, "fork") or threading.active_count() != 1:
-        return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores >= 2
+    """True when two processes would ingest ``entries`` sooner than one, and may be forked."""
+    return len(entries) >= _MIN_FILES and sum(e.size for e in entries) >= _MIN_BYTES and can_fork()
 
 
 @dataclass(slots=True)
@@ -94,15 +77,14 @@ def ingest_in_two_lanes(
     """Ingest one directory's ``entries`` in this process and a forked child (see the module
     docstring); the outcome is that of :func:`~datastore._ingestfiles.ingest_files`."""
     mid = _middle(entries)
-    ours, theirs = Pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        ours.close()
-        _die_with(parent)
-        _child_main(theirs, spec, entries[mid:], mid, up, options, chunk_options, index, read_started_ns)
-    theirs.close()
-    child = _Child(pid, ours, progress)
+    log.debug("ingest in two processes: files from %d of %d go to the second", mid, len(entries))
+
+    def second_half(send: Send) -> _ChildResult:
+        return _child_ingest(
+            send, spec, entries[mid:], mid, up, options, chunk_options, index, read_started_ns
+        )
+
+    child = Lane(second_half, progress)
     run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
     try:
         digest = hasher()
@@ -137,51 +119,8 @@ def _middle(entries: list[FileEntry]) -> int:
     return int(np.searchsorted(cum, cum[-1] // 2))
 
 
-class _Child:
-    """This process's end of the child: its messages, and its end."""
-
-    def __init__(self, pid: int, conn: Connection, progress: Callable[[int], None] | None):
-        self.pid, self.conn, self.progress = pid, conn, progress
-        self.got: dict[str, Any] = {}
-        self.reaped = False
-
-    def poll(self) -> None:
-        """Handle the messages that have arrived; raise the child's error."""
-        while self.conn.poll():
-            self._handle()
-
-    def wait_for(self, kind: str) -> Any:
-        """Wait for the child's ``kind`` message (handling the others); return its value."""
-        while kind not in self.got:
-            self._handle()
-        return self.got.pop(kind)
-
-    def _handle(self) -> None:
-        try:
-            kind, value = self.conn.recv()
-        except (EOFError, OSError) as e:
-            raise RuntimeError("the second ingest process died (killed, or out of memory?)") from e
-        if kind == "progress":
-            if self.progress is not None:
-                self.progress(value)
-        elif kind == "error":
-            raise value
-        else:
-            self.got[kind] = value
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-    def reap(self) -> None:
-        self.conn.close()
-        if not self.reaped:
-            os.waitpid(self.pid, 0)
-            self.reaped = True
-
-
-def _child_main(
-    conn: Connection,
+def _child_ingest(
+    send: Send,
     spec: SourceSpec,
     entries: list[FileEntry],
     offset: int,
@@ -190,40 +129,14 @@ def _child_main(
     chunk_options: ChunkOptions,
     index: IngestIndex | None,
     read_started_ns: int,
-) -> None:
-    """The child's life: ingest ``entries`` (the files from ``offset`` on) from the first
-    position where a cut is sure, and report; then exit without running the parent's
-    clean-ups."""
-    code = 1
-    try:
-        lock = threading.Lock()
-
-        def send(kind: str, value: Any) -> None:
-            with lock:
-                conn.send((kind, value))
-
-        parent_objects = parent_up.objects
-        objects = ObjectStore(
-            parent_objects.store, algorithm=parent_objects.algorithm, max_workers=parent_objects.max_workers
-        )
-        if index is not None:
-            index.record_changes()
-        try:
-            up = parent_up.sibling(objects)
-            result = _child_ingest(
-                send, spec, entries, offset, up, options, chunk_options, index, read_started_ns
-            )
-            send("done", result)
-            code = 0
-        except BaseException as e:
-            send("error", _portable(e))
-    finally:
-        os._exit(code)
-
-
-def _child_ingest(
-    send, spec, entries, offset, up, options, chunk_options, index, read_started_ns
 ) -> _ChildResult:
+    """The child's work: ingest ``entries`` (the files from ``offset`` on) from the first
+    position where a cut is sure, through an uploader and object store of its own."""
+    theirs = parent_up.objects
+    objects = ObjectStore(theirs.store, algorithm=theirs.algorithm, max_workers=theirs.max_workers)
+    up = parent_up.sibling(objects)
+    if index is not None:
+        index.record_changes()
     sync = _sync_point(entries, spec.display, up.objects, options, chunk_options, read_started_ns)
     send("sync", offset + sync)
     result = _ChildResult()
@@ -305,24 +218,3 @@ class _DigestParts:
 
     def update(self, data: bytes) -> None:
         self.parts.append(data)
-
-
-def _portable(error: BaseException) -> BaseException:
-    """``error`` if it survives a pickle with its message, else a RuntimeError saying it."""
-    import pickle
-
-    if isinstance(error, TierdataError):
-        return error
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-
-
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this child when ``parent`` dies (Linux); exit if it is gone already."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)

@@ -1,6 +1,7 @@
 """A files ingest in two processes gives what one process gives: the same shards in the
-same order, the same source digest, counts and ingest index; errors on either side
-surface as the one-line error of one process, and the child never outlives the ingest."""
+same order, the same source digest, counts and ingest index; so does a files checkout
+(the same files, a path held twice gets its later record). Errors on either side surface
+as the one-line error of one process, and the child never outlives the operation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,10 +18,10 @@ import numpy as np
 import pytest
 
 import datastore._lanes as lanes
-from cachetier.errors import BadInputError
+from cachetier.errors import BadInputError, IntegrityError
 from cachetier.localstore import LocalStore
 from cachetier.objects import ObjectStore
-from datastore import _ingestfiles
+from datastore import _ingestfiles, checkout
 from datastore.chunking import ChunkOptions
 from datastore.ingest import ingest
 from datastore.ingestindex import IngestIndex
@@ -36,7 +38,7 @@ def forks(monkeypatch) -> list[int]:
     monkeypatch.setattr(lanes, "_MIN_BYTES", 0)
     # Tests before this one in the worker may leave an idle thread (the S3 server's log
     # reader); the CLI process forks with none.
-    monkeypatch.setattr(lanes.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     pids: list[int] = []
     real_fork = os.fork
 
@@ -46,7 +48,7 @@ def forks(monkeypatch) -> list[int]:
             pids.append(pid)
         return pid
 
-    monkeypatch.setattr(lanes.os, "fork", fork)
+    monkeypatch.setattr(os, "fork", fork)
     return pids
 
 
@@ -157,7 +159,7 @@ def test_a_child_that_dies_is_an_error_not_a_hang(forks, monkeypatch, tmp_path: 
         return real(entries, display, out, offsets)
 
     monkeypatch.setattr(_ingestfiles, "read_files_into", dying)
-    with pytest.raises(RuntimeError, match="second ingest process died"):
+    with pytest.raises(RuntimeError, match="second worker process died"):
         _ingest(tmp_path, "x", src, 2)
     assert len(forks) == 1 and _reaped(forks[0])
 
@@ -207,3 +209,75 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return "gone"
+
+
+# ---------------------------------------------------------------- checkout
+
+
+@pytest.fixture
+def checkout_forks(forks, monkeypatch) -> list[int]:
+    monkeypatch.setattr(checkout, "_LANE_MIN_SHARDS", 4)
+    monkeypatch.setattr(checkout, "_LANE_MIN_BYTES", 0)
+    return forks
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_two_lane_checkout_writes_every_file(cli, repo_url: str, checkout_forks, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _tree(src, 300, 11, big_every=60)  # chunked files too
+    assert cli("init", repo_url).code == 0
+    assert cli("ingest", src).code == 0
+    assert cli("version", "-m", "files").code == 0
+    out = tmp_path / "out"
+    before = len(checkout_forks)
+    done = cli("checkout", "main", "--to", out, "--json")
+    assert done.code == 0, done.err
+    assert len(checkout_forks) == before + 1 and _reaped(checkout_forks[-1])
+    assert _files(out) == _files(src)
+
+
+def test_two_lane_checkout_gives_a_path_held_twice_its_later_record(
+    cli, local_url: str, checkout_forks, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    _tree(src, 200, 12)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src)
+    cli("version", "-m", "first")
+    changed = sorted(src.rglob("*.bin"))[:5]
+    for path in changed:
+        path.write_bytes(b"second version of " + path.name.encode())
+    age(src)
+    cli("ingest", src)
+    cli("version", "-m", "appended")  # every path is now in the version twice
+    out = tmp_path / "out"
+    before = len(checkout_forks)
+    assert cli("checkout", "main", "--to", out).code == 0
+    assert len(checkout_forks) == before + 1
+    assert _files(out) == _files(src)
+
+
+def test_an_error_in_the_checkout_child_fails_the_checkout(
+    cli, local_url: str, checkout_forks, monkeypatch, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    _tree(src, 300, 13)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src)
+    cli("version", "-m", "files")
+    parent = os.getpid()
+    real = checkout.read_shard
+
+    def corrupt_in_child(data, columns=None):
+        if os.getpid() != parent:
+            raise IntegrityError("object is corrupt: content hashes to 0000…", subject="object abc")
+        return real(data, columns)
+
+    monkeypatch.setattr(checkout, "read_shard", corrupt_in_child)
+    before = len(checkout_forks)
+    failed = cli("checkout", "main", "--to", tmp_path / "out")
+    assert failed.code == 1 and "corrupt" in failed.err
+    assert len(checkout_forks) == before + 1 and _reaped(checkout_forks[-1])
