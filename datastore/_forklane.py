@@ -70,20 +70,25 @@ class Lane:
 
     def poll(self) -> None:
         """Handle the messages that have arrived; raise the child's error."""
-        while self.conn.poll():
+        while "done" not in self._got and self.conn.poll():
             self._handle()
 
     def wait_for(self, kind: str) -> Any:
-        """Wait for the child's ``kind`` message (handling the others); return its value."""
+        """Wait for the child's ``kind`` message (handling the others); return its value.
+
+        ``"done"`` is the last message: after it the pipe is at its end, and is not read.
+        """
         while kind not in self._got:
+            if "done" in self._got:
+                raise RuntimeError(f"the second worker process finished without sending {kind!r}")
             self._handle()
-        return self._got.pop(kind)
+        return self._got[kind] if kind == "done" else self._got.pop(kind)
 
     def _handle(self) -> None:
         try:
             kind, value = self.conn.recv()
         except (EOFError, OSError) as e:
-            raise RuntimeError("the second worker process died (killed, or out of memory?)") from e
+            raise RuntimeError(f"the second worker process died ({self._end()})") from e
         if kind == "progress":
             if self.progress is not None:
                 self.progress(value)
@@ -103,6 +108,14 @@ class Lane:
         if not self._reaped:
             os.waitpid(self.pid, 0)
             self._reaped = True
+
+    def _end(self) -> str:
+        """How the child ended (it has closed its end of the pipe)."""
+        _, status = os.waitpid(self.pid, 0)
+        self._reaped = True
+        if os.WIFSIGNALED(status):
+            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
 def _child_main(conn: Connection, work: Callable[[Send], Any]) -> None:
