@@ -16,6 +16,7 @@ source digest and what it taught its copy of the ingest index.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ def ingest_in_two_lanes(
             send, spec, entries[mid:], mid, up, options, chunk_options, index, read_started_ns
         )
 
+    started = time.perf_counter()
     child = Lane(second_half, progress)
     run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
     try:
@@ -98,7 +100,13 @@ def ingest_in_two_lanes(
         if sync < len(entries) and run.pending:
             raise RuntimeError(f"the ingest lanes disagree on the shard boundary at file {sync}")
         shards = run.finish()
+        waited = time.perf_counter()
         done: _ChildResult = child.wait_for("done")
+        log.debug(
+            "first half done in %.2f s, then waited %.2f s for the second",
+            waited - started,
+            time.perf_counter() - waited,
+        )
     except BaseException:
         child.kill()
         raise
