@@ -13,7 +13,8 @@ from cachetier.errors import BadInputError
 from datastore._forklane import Lane
 
 
-def _reaped(pid: int) -> bool:
+def reaped(pid: int) -> bool:
+    """True when ``pid`` is no child of ours to wait for (reaped already)."""
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -37,7 +38,7 @@ def test_the_result_is_read_after_the_child_has_exited() -> None:
     lane.poll()
     assert lane.wait_for("done") == {"shards": [1, 2, 3]}
     lane.reap()
-    assert seen == [5] and _reaped(lane.pid)
+    assert seen == [5] and reaped(lane.pid)
 
 
 def test_an_error_in_the_child_is_raised_with_its_subject() -> None:
@@ -61,7 +62,7 @@ def test_a_child_that_dies_is_reported_with_its_signal() -> None:
     with pytest.raises(RuntimeError, match=r"died \(killed by SIGKILL\)"):
         lane.wait_for("done")
     lane.reap()
-    assert _reaped(lane.pid)
+    assert reaped(lane.pid)
 
 
 def test_an_unpicklable_error_arrives_as_its_message() -> None:

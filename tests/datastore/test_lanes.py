@@ -25,6 +25,7 @@ from datastore import _ingestfiles, checkout
 from datastore.chunking import ChunkOptions
 from datastore.ingest import ingest
 from datastore.ingestindex import IngestIndex
+from tests.datastore.test_forklane import reaped
 from tests.datastore.test_ingest import age
 
 SMALL_CHUNKS = ChunkOptions(threshold=64 << 10, min_size=4 << 10, avg_size=16 << 10, max_size=64 << 10)
@@ -50,14 +51,6 @@ def forks(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(os, "fork", fork)
     return pids
-
-
-def _reaped(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
 
 
 def _tree(root: Path, n: int, seed: int, big_every: int = 0) -> None:
@@ -144,7 +137,7 @@ def test_an_error_in_either_lane_is_the_ingest_error(forks, monkeypatch, tmp_pat
     with pytest.raises(BadInputError) as info:
         _ingest(tmp_path, "x", src, 2)
     assert victim in str(info.value) and "permission denied" in str(info.value)
-    assert len(forks) == 1 and _reaped(forks[0])
+    assert len(forks) == 1 and reaped(forks[0])
 
 
 def test_a_child_that_dies_is_an_error_not_a_hang(forks, monkeypatch, tmp_path: Path) -> None:
@@ -161,7 +154,7 @@ def test_a_child_that_dies_is_an_error_not_a_hang(forks, monkeypatch, tmp_path: 
     monkeypatch.setattr(_ingestfiles, "read_files_into", dying)
     with pytest.raises(RuntimeError, match="second worker process died"):
         _ingest(tmp_path, "x", src, 2)
-    assert len(forks) == 1 and _reaped(forks[0])
+    assert len(forks) == 1 and reaped(forks[0])
 
 
 def _children(pid: int) -> list[int]:
@@ -221,21 +214,25 @@ def checkout_forks(forks, monkeypatch) -> list[int]:
     return forks
 
 
+def _committed(cli, url: str, src: Path, n: int, seed: int, big_every: int = 0) -> None:
+    _tree(src, n, seed, big_every)
+    assert cli("init", url).code == 0
+    assert cli("ingest", src).code == 0
+    assert cli("version", "-m", "files").code == 0
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def test_two_lane_checkout_writes_every_file(cli, repo_url: str, checkout_forks, tmp_path: Path) -> None:
     src = tmp_path / "src"
-    _tree(src, 300, 11, big_every=60)  # chunked files too
-    assert cli("init", repo_url).code == 0
-    assert cli("ingest", src).code == 0
-    assert cli("version", "-m", "files").code == 0
+    _committed(cli, repo_url, src, 300, 11, big_every=60)  # chunked files too
     out = tmp_path / "out"
     before = len(checkout_forks)
     done = cli("checkout", "main", "--to", out, "--json")
     assert done.code == 0, done.err
-    assert len(checkout_forks) == before + 1 and _reaped(checkout_forks[-1])
+    assert len(checkout_forks) == before + 1 and reaped(checkout_forks[-1])
     assert _files(out) == _files(src)
 
 
@@ -243,10 +240,7 @@ def test_two_lane_checkout_gives_a_path_held_twice_its_later_record(
     cli, local_url: str, checkout_forks, tmp_path: Path
 ) -> None:
     src = tmp_path / "src"
-    _tree(src, 200, 12)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    cli("version", "-m", "first")
+    _committed(cli, local_url, src, 200, 12)
     changed = sorted(src.rglob("*.bin"))[:5]
     for path in changed:
         path.write_bytes(b"second version of " + path.name.encode())
@@ -264,10 +258,7 @@ def test_an_error_in_the_checkout_child_fails_the_checkout(
     cli, local_url: str, checkout_forks, monkeypatch, tmp_path: Path
 ) -> None:
     src = tmp_path / "src"
-    _tree(src, 300, 13)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    cli("version", "-m", "files")
+    _committed(cli, local_url, src, 300, 13)
     parent = os.getpid()
     real = checkout.read_shard
 
@@ -280,4 +271,4 @@ def test_an_error_in_the_checkout_child_fails_the_checkout(
     before = len(checkout_forks)
     failed = cli("checkout", "main", "--to", tmp_path / "out")
     assert failed.code == 1 and "corrupt" in failed.err
-    assert len(checkout_forks) == before + 1 and _reaped(checkout_forks[-1])
+    assert len(checkout_forks) == before + 1 and reaped(checkout_forks[-1])
