@@ -43,7 +43,7 @@ from datastore.shards import (
     shard_key_prefix,
 )
 
-__all__ = ["FilesOutcome", "ingest_files"]
+__all__ = ["FilesIngest", "FilesOutcome", "digest_part", "hash_array", "ingest_files"]
 
 _GROUP_FILES = 1024
 _GROUP_BYTES = 32 << 20
@@ -74,7 +74,10 @@ class FilesOutcome:
     files_read: int
 
 
-class _FilesIngest:
+class FilesIngest:
+    """One process's files ingest: records hashed a group at a time, cut into shards,
+    stored through ``up``; the ingest index (when given) skips unchanged files and shards."""
+
     def __init__(self, up, options, chunk_options, index, progress, read_started_ns):
         self.up = up
         self.options = options
@@ -211,7 +214,7 @@ class _FilesIngest:
     # ------------------------------------------------------------ shards
 
     def _cut(self, records: list[_Record]) -> None:
-        hashes = _hash_array(records)
+        hashes = hash_array(records)
         sizes = np.fromiter((r.size for r in records), np.int64, len(records))
         start = 0
         for end in self.cutter.feed(digest_prefixes(hashes), sizes):
@@ -282,7 +285,7 @@ class _Builder:
                 data.append(None)
         batch = _batch(run, data)
         check = hash_records(batch).hashes
-        expected = _hash_array(run)
+        expected = hash_array(run)
         if not check.equals(expected):
             bad = next(r for r, a, b in zip(run, check, expected) if a != b)
             raise BadInputError(
@@ -343,7 +346,8 @@ def digest_part(records: list[_Record]) -> bytes:
     return b"".join([r.entry.path.encode() + b"\0" + r.hash for r in records])
 
 
-def _hash_array(records: list[_Record]) -> pa.FixedSizeBinaryArray:
+def hash_array(records: list[_Record]) -> pa.FixedSizeBinaryArray:
+    """The records' hashes as one ``fixed_size_binary(16)`` array."""
     buf = pa.py_buffer(b"".join(r.hash for r in records))
     return pa.FixedSizeBinaryArray.from_buffers(RECORD_HASH_TYPE, len(records), [None, buf])
 
@@ -381,7 +385,7 @@ def ingest_files(
                 progress=progress,
                 read_started_ns=read_started_ns,
             )
-    run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
+    run = FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
     try:
         stats = [run.run_source(spec, entries) for spec, entries in listings]
         shards = run.finish()

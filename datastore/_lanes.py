@@ -27,7 +27,7 @@ import numpy as np
 from cachetier.hashing import hasher
 from cachetier.objects import ObjectStore
 from datastore._forklane import Lane, Send, can_fork
-from datastore._ingestfiles import FilesOutcome, _FilesIngest, _hash_array
+from datastore._ingestfiles import FilesIngest, FilesOutcome, hash_array
 from datastore._pipeline import Uploader
 from datastore._sourcebase import SourceSpec
 from datastore.chunking import ChunkOptions
@@ -87,7 +87,7 @@ def ingest_in_two_lanes(
 
     started = time.perf_counter()
     child = Lane(second_half, progress)
-    run = _FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
+    run = FilesIngest(up, options, chunk_options, index, progress, read_started_ns)
     try:
         digest = hasher()
         for records in run.hashed(entries[:mid], spec.display):
@@ -151,7 +151,7 @@ def _child_ingest(
     if sync == len(entries):  # no sure cut in this half: the parent takes it all
         up.close()
         return result
-    run = _FilesIngest(up, options, chunk_options, index, lambda n: send("progress", n), read_started_ns)
+    run = FilesIngest(up, options, chunk_options, index, lambda n: send("progress", n), read_started_ns)
     digest = _DigestParts()
     try:
         for records in run.hashed(entries[sync:], spec.display):
@@ -182,14 +182,14 @@ def _sync_point(entries, display, objects, options, chunk_options, read_started_
     computed, not stored) and consults no index: the parent stores the records before
     this position, so storing any of them here would store them twice.
     """
-    dry = _FilesIngest(_DryUploader(objects), options, chunk_options, None, None, read_started_ns)
+    dry = FilesIngest(_DryUploader(objects), options, chunk_options, None, None, read_started_ns)
     held: list = []
     step = _SYNC_STEP
     try:
         while len(held) < len(entries):
             for records in dry.hashed(entries[len(held) : len(held) + step], display):
                 held.extend(records)
-            prefixes = digest_prefixes(_hash_array(held))
+            prefixes = digest_prefixes(hash_array(held))
             sync = dry.cutter.sync_point(prefixes, np.fromiter((r.size for r in held), np.int64, len(held)))
             if sync is not None:
                 return sync
@@ -200,7 +200,7 @@ def _sync_point(entries, display, objects, options, chunk_options, read_started_
 
 
 class _DryUploader:
-    """What :class:`_FilesIngest` needs to hash records, storing nothing."""
+    """What :class:`FilesIngest` needs to hash records, storing nothing."""
 
     def __init__(self, objects: ObjectStore):
         self.objects = objects
