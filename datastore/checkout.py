@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import xxhash
 
 from cachetier.errors import BadInputError
 from datastore._forklane import Lane, Send, can_fork
@@ -241,13 +242,13 @@ def _write_files_in_two_lanes(repo: Repo, hashes: list[str], half: int, root: st
     from the second half, so the later record wins, as in one process.
     """
 
-    def second_half(send: Send) -> tuple[dict[str, Any], list[str]]:
-        writer = _FilesWriter(repo, root, keep_paths=True)
-        return _write_shards(repo, hashes[half:], writer), writer.paths
+    def second_half(send: Send) -> tuple[dict[str, Any], np.ndarray]:
+        writer = _FilesWriter(repo, root)
+        return _write_shards(repo, hashes[half:], writer), writer.path_hashes()
 
     child = Lane(second_half)
     try:
-        writer = _FilesWriter(repo, root, keep_paths=True)
+        writer = _FilesWriter(repo, root)
         ours = _write_shards(repo, hashes[:half], writer)
         theirs, their_paths = child.wait_for("done")
     except BaseException:
@@ -255,26 +256,32 @@ def _write_files_in_two_lanes(repo: Repo, hashes: list[str], half: int, root: st
         raise
     finally:
         child.reap()
-    twice = set(writer.paths).intersection(their_paths)
-    if twice:
-        _rewrite(repo, hashes[half:], _FilesWriter(repo, root), twice)
+    twice = np.intersect1d(writer.path_hashes(), their_paths)
+    if len(twice):
+        _rewrite(repo, hashes[half:], _FilesWriter(repo, root), set(twice.tolist()))
     return {key: ours[key] + theirs[key] for key in ours}
 
 
-def _rewrite(repo: Repo, hashes: list[str], writer: _FilesWriter, paths: set[str]) -> None:
-    """Write again, in order, the files of these shards whose paths are in ``paths``."""
+def _rewrite(repo: Repo, hashes: list[str], writer: _FilesWriter, path_hashes: set[int]) -> None:
+    """Write again, in order and one at a time, the files of these shards whose path
+    hashes (:func:`_path_hash`) are in ``path_hashes``: the last record of a path wins."""
     for _oid, data in repo.objects.get_many(hashes):
         job = writer.prepare([data])
-        job.inline = [(path, value) for path, value in job.inline if path in paths]
-        job.chunked = [item for item in job.chunked if item[0] in paths]
+        job.inline = [(path, value) for path, value in job.inline if _path_hash(path) in path_hashes]
+        job.chunked = [item for item in job.chunked if _path_hash(item[0]) in path_hashes]
         writer.write(job)
+
+
+def _path_hash(path: str) -> int:
+    return xxhash.xxh3_64_intdigest(path.encode("utf-8", "surrogatepass"))
 
 
 def _write_shards(repo: Repo, hashes: list[str], writer: _FilesWriter) -> dict[str, Any]:
     """Write the files of these shards. Shards are fetched in order and handed, a few at a
     time, to decoding jobs (decode, check paths, make folders) and then to writing jobs
     (create the files): one future per job and stage, not per shard or file, and the
-    stages overlap."""
+    stages overlap. Jobs run side by side, so a path the shards hold twice is written
+    again at the end, in order, and gets its later record."""
     blobs = repo.objects.get_many(hashes)
     with (
         ThreadPoolExecutor(_DECODERS, thread_name_prefix="tierdata-decode") as decoders,
@@ -287,6 +294,9 @@ def _write_shards(repo: Repo, hashes: list[str], writer: _FilesWriter) -> dict[s
             stages.drain()
         finally:
             stages.cancel()
+    seen, counts = np.unique(writer.path_hashes(), return_counts=True)
+    if (counts > 1).any():
+        _rewrite(repo, hashes, _FilesWriter(repo, writer.root), set(seen[counts > 1].tolist()))
     return {"files": stages.files, "records": stages.files, "bytes": stages.written}
 
 
@@ -365,13 +375,12 @@ class _FilesJob:
 class _FilesWriter:
     """Decodes files shards and writes their files below ``root``; safe in threads."""
 
-    def __init__(self, repo: Repo, root: str, *, keep_paths: bool = False):
+    def __init__(self, repo: Repo, root: str):
         self.repo = repo
         self.root = root
         self._checked: set[str] = set()  # folders found safe (see safe_target)
         self._made: set[str] = set()  # folders created
-        self.paths: list[str] = []  # every file prepared, with ``keep_paths``
-        self._keep_paths = keep_paths
+        self._path_hashes: list[np.ndarray] = []  # 8 bytes a file prepared, not its path
 
     def prepare(self, shards: list[bytes]) -> _FilesJob:
         """Decode the shards, check every path (a shard at a time) and create the folders."""
@@ -380,8 +389,7 @@ class _FilesWriter:
             table = read_shard(data, _FILE_COLUMNS)
             # Validate the whole shard's paths before writing any file of it.
             targets = _safe_targets(self.root, table.column("path"), self._checked)
-            if self._keep_paths:
-                self.paths.extend(targets)
+            self._path_hashes.append(np.fromiter(map(_path_hash, targets), np.uint64, len(targets)))
             for folder in {t.rpartition("/")[0] for t in targets} - self._made:
                 os.makedirs(folder, exist_ok=True)
                 self._made.add(folder)
@@ -394,6 +402,10 @@ class _FilesWriter:
                     job.chunked.append((path, chunks, table.column("size")[i].as_py()))
             job.files += len(targets)
         return job
+
+    def path_hashes(self) -> np.ndarray:
+        """The :func:`_path_hash` of every file prepared so far (in no particular order)."""
+        return np.concatenate(self._path_hashes) if self._path_hashes else np.zeros(0, np.uint64)
 
     def write(self, job: _FilesJob) -> int:
         """Write the files of a prepared job; return the bytes written."""

@@ -272,3 +272,32 @@ def test_an_error_in_the_checkout_child_fails_the_checkout(
     failed = cli("checkout", "main", "--to", tmp_path / "out")
     assert failed.code == 1 and "corrupt" in failed.err
     assert len(checkout_forks) == before + 1 and reaped(checkout_forks[-1])
+
+
+def test_one_process_with_many_writers_gives_a_path_held_twice_its_later_record(
+    cli, local_url: str, monkeypatch, tmp_path: Path
+) -> None:
+    # Jobs are written side by side (four writers on a bigger machine), and here the
+    # first record of each path is written slowly, so it lands after the later one
+    # unless the checkout writes paths held twice again, in order.
+    monkeypatch.setattr(checkout, "_WRITERS", 4)
+    monkeypatch.setattr(checkout, "_DECODERS", 4)
+    monkeypatch.setattr(checkout, "_JOB_BYTES", 1)  # a job a shard
+    real = checkout._write_inline
+
+    def slow_first_records(path, data):
+        if not bytes(data).startswith(b"second version"):
+            time.sleep(0.002)
+        return real(path, data)
+
+    monkeypatch.setattr(checkout, "_write_inline", slow_first_records)
+    src = tmp_path / "src"
+    _committed(cli, local_url, src, 40, 14)
+    for path in sorted(src.rglob("*.bin")):
+        path.write_bytes(b"second version of " + path.name.encode())
+    age(src)
+    cli("ingest", src)
+    cli("version", "-m", "appended")
+    out = tmp_path / "out"
+    assert cli("checkout", "main", "--to", out).code == 0
+    assert _files(out) == _files(src)
