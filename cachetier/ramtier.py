@@ -57,6 +57,7 @@ from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
 from cachetier.metrics import TierCounters
 from cachetier.pages import drop_view
+from cachetier.ramowner import claim, default_name_prefix, sweep_orphans
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["PendingValue", "RamTier"]
@@ -69,8 +70,19 @@ _VERIFIED_MAX = 4096
 class RamTier(Store):
     """Framed values as memory-mapped files under ``root``, within ``budget`` allocated bytes."""
 
-    def __init__(self, root: str | os.PathLike[str], *, budget: int, verify: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        budget: int,
+        verify: bool = True,
+        owner: str | os.PathLike[str] | None = None,
+    ):
+        """``owner``: the cache folder a default ``/dev/shm`` folder belongs to; opening
+        records it there and removes the default folders whose cache folder is gone
+        (:mod:`cachetier.ramowner`)."""
         self.root = Path(root).expanduser().absolute()
+        self.owner = Path(owner) if owner is not None else None
         self.values = self.root / "v"
         self.budget = budget
         self.verify = verify
@@ -82,11 +94,15 @@ class RamTier(Store):
         self._thread_lock = threading.Lock()
 
     def open(self) -> None:
-        """Create the folders if needed and remove temp files of dead processes."""
+        """Create the folders if needed and remove temp files of dead processes (and, with
+        an ``owner``, the default folders of caches that no longer exist)."""
         if self._opened:
             return
         try:
             self.values.mkdir(parents=True, exist_ok=True)
+            if self.owner is not None and self.root.name.startswith(default_name_prefix()):
+                claim(self.root, self.owner)
+                sweep_orphans(self.root.parent, keep=self.root)
             with self._locked():
                 self._scan(clean=True)
         except OSError as e:

@@ -131,7 +131,12 @@ class TieredStore:
             self._env = SharedEnv(config.lmdb_dir, map_size=map_size, budget=config.ssd_bytes)
             self.ssd = LmdbTier(self._env, budget=config.ssd_bytes, verify=verify)
         self.ram = (
-            RamTier(config.resolved_ram_dir, budget=config.ram_bytes, verify=verify)
+            RamTier(
+                config.resolved_ram_dir,
+                budget=config.ram_bytes,
+                verify=verify,
+                owner=config.dir if config.ram_dir is None else None,
+            )
             if config.ram_bytes
             else None
         )

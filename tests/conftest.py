@@ -13,16 +13,26 @@ Tests that use ``s3_server`` get the ``s3`` marker, so ``-m "not s3"`` skips the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from cachetier.ramowner import remove_owned_under
 from tests.s3server import S3Endpoint, start_s3_server
 
 if TYPE_CHECKING:
     from cachetier.s3store import S3Store
 
 _AWS_VARIABLES_TO_CLEAR = ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ram_tiers_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Remove the /dev/shm RAM tiers of the caches the tests made: pytest keeps its temp
+    folders (the caches' owners) after the session, so the tiers would outlive it."""
+    yield
+    remove_owned_under(Path("/dev/shm"), tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")
