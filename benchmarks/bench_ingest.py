@@ -252,7 +252,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ingest.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    from benchmarks.bytecode import compile_bytecode
     from tests.s3server import start_s3_server
+
+    compile_bytecode()
 
     server = None if args.no_s3 else start_s3_server()
     s3 = server.endpoint if server else None

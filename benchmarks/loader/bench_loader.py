@@ -37,10 +37,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bytecode import compile_bytecode
 from benchmarks.loader.measure import (
     MemorySampler,
     code_state,
-    compile_bytecode,
     cpu_seconds,
     median,
     pyplot,

@@ -41,11 +41,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bytecode import compile_bytecode
 from benchmarks.loader.measure import (
     DiskSampler,
     MemorySampler,
     code_state,
-    compile_bytecode,
     cpu_seconds,
     disk_bytes,
     median,

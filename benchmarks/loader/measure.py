@@ -21,7 +21,6 @@ __all__ = [
     "DiskSampler",
     "MemorySampler",
     "code_state",
-    "compile_bytecode",
     "cpu_seconds",
     "disk_bytes",
     "median",
@@ -171,19 +170,6 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
 
 
 _PACKAGES = ("loaders", "datastore", "cachetier", "versioning")
-
-
-def compile_bytecode() -> None:
-    """Write the bytecode of our packages, as ``pip install`` does for the peers.
-
-    This tree is used in place (an editable install), and where ``PYTHONDONTWRITEBYTECODE``
-    is set (it is on this machine) every fresh process would otherwise compile our modules
-    from source again, about 0.15 s of CPU counted against ours and not against the peers.
-    """
-    import compileall
-
-    for package in _PACKAGES:
-        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def code_state() -> dict[str, str]:
