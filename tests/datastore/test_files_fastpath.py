@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachetier.errors import BadInputError
 from cachetier.localstore import LocalStore
@@ -98,14 +99,34 @@ def test_column_path_check_refuses_what_safe_target_refuses(tmp_path: Path, bad:
     with pytest.raises(BadInputError) as single:
         safe_target(root, bad)
     with pytest.raises(BadInputError) as column:
-        _safe_targets(root, pa.array(["ok.txt", bad]), set())
+        _safe_targets(root, ["ok.txt", bad], set())
     assert str(column.value) == str(single.value)
 
 
 def test_column_path_check_accepts_what_safe_target_accepts(tmp_path: Path) -> None:
     root = str(tmp_path)
     good = ["a", "..a", "...", "a/.../b", ".x/y", "d/ünï 名前.txt"]
-    assert _safe_targets(root, pa.array(good), set()) == [safe_target(root, p) for p in good]
+    assert _safe_targets(root, good, set()) == [safe_target(root, p) for p in good]
     (tmp_path / "link").symlink_to(tmp_path.parent)
     with pytest.raises(BadInputError, match="symlink"):
-        _safe_targets(root, pa.array(["link/x"]), set())
+        _safe_targets(root, ["link/x"], set())
+
+
+_PATH_PARTS = st.sampled_from(["a", "b.txt", ".", "..", "...", "", "x\ny", "\n", "..\n", "\\", "\x00", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(paths=st.lists(st.lists(_PATH_PARTS, min_size=1, max_size=4).map("/".join), min_size=1, max_size=6))
+def test_the_joined_check_decides_as_safe_target_on_each_path(paths: list[str]) -> None:
+    # Paths with newlines are joined by newlines for one regex search: whatever the
+    # parts, the batch check refuses exactly when safe_target refuses one of them.
+    root = "/nonexistent-root-for-lexical-checks"
+    checked = {f"{root}/{p}".rpartition("/")[0] for p in paths}  # folders: lexical checks only
+    try:
+        expected = [safe_target(root, p, set(checked)) for p in paths]
+    except BadInputError as e:
+        with pytest.raises(BadInputError) as batch:
+            _safe_targets(root, paths, set(checked))
+        assert str(batch.value) == str(e)
+    else:
+        assert _safe_targets(root, paths, set(checked)) == expected
