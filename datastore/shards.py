@@ -31,6 +31,7 @@ max with chance ``e**-5``, so forced cuts rarely break resynchronisation).
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -321,9 +322,7 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
     table = pending.table
     if any(pa.types.is_dictionary(f.type) for f in table.schema):
         table = table.unify_dictionaries()
-    schema = pa.schema(
-        [*table.schema, pa.field(HASH_COLUMN, pending.hashes.type, nullable=False)], metadata=_METADATA
-    )
+    schema = _shard_schema(table.schema, pending.hashes.type)
     batches = []
     for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
         columns = [_fresh(column.slice(start, end - start)) for column in table.columns]
@@ -334,11 +333,8 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
             else _fresh(pending.hashes.slice(start, end - start))
         )
         batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
-    write_options = pa.ipc.IpcWriteOptions(
-        compression=pa.Codec("zstd", options.compression_level), use_threads=False
-    )
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema, options=write_options) as writer:
+    with pa.ipc.new_file(sink, schema, options=_write_options(options.compression_level)) as writer:
         for batch in batches:
             writer.write_batch(batch)
     data = sink.getvalue().to_pybytes()
@@ -350,6 +346,19 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
         uncompressed_bytes=sum(b.get_total_buffer_size() for b in batches),
         chunks=_referenced_chunks(table),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _shard_schema(visible: pa.Schema, hash_type: pa.DataType) -> pa.Schema:
+    """The stored schema: the visible columns, the record hashes, the format's metadata."""
+    return pa.schema([*visible, pa.field(HASH_COLUMN, hash_type, nullable=False)], metadata=_METADATA)
+
+
+@functools.lru_cache(maxsize=8)
+def _write_options(level: int) -> pa.ipc.IpcWriteOptions:
+    # One options object per level (they are immutable once made): building the codec for
+    # every small shard cost more than a tenth of its encoding.
+    return pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", level), use_threads=False)
 
 
 def _is_exact(hashes: pa.Array | pa.ChunkedArray) -> bool:
@@ -377,10 +386,10 @@ def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, in
     if n == 0:
         yield 0, 0
         return
-    cum = np.cumsum(sizes)
-    if int(cum[-1]) <= batch_bytes:  # the common case for small shards: one batch
+    if int(sizes.sum()) <= batch_bytes:  # the common case for small shards: one batch
         yield 0, n
         return
+    cum = np.cumsum(sizes)
     start, base = 0, 0
     while start < n:
         end = int(np.searchsorted(cum, base + batch_bytes, "left")) + 1
@@ -391,9 +400,10 @@ def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, in
 
 def _referenced_chunks(table: pa.Table) -> tuple[str, ...]:
     """Object ids listed in a ``chunks`` column of strings (big-file chunks), in first-use order."""
-    if "chunks" not in table.column_names:
+    where = table.schema.get_field_index("chunks")
+    if where < 0:
         return ()
-    column = table.column("chunks")
+    column = table.column(where)
     if column.null_count == len(column):
         return ()
     t = column.type
