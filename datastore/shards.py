@@ -322,7 +322,9 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
     table = pending.table
     if any(pa.types.is_dictionary(f.type) for f in table.schema):
         table = table.unify_dictionaries()
-    schema = _shard_schema(table.schema, pending.hashes.type)
+    schema = pa.schema(
+        [*table.schema, pa.field(HASH_COLUMN, pending.hashes.type, nullable=False)], metadata=_METADATA
+    )
     batches = []
     for start, end in _batch_ranges(pending.sizes, options.batch_bytes):
         columns = [_fresh(column.slice(start, end - start)) for column in table.columns]
@@ -346,12 +348,6 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
         uncompressed_bytes=sum(b.get_total_buffer_size() for b in batches),
         chunks=_referenced_chunks(table),
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _shard_schema(visible: pa.Schema, hash_type: pa.DataType) -> pa.Schema:
-    """The stored schema: the visible columns, the record hashes, the format's metadata."""
-    return pa.schema([*visible, pa.field(HASH_COLUMN, hash_type, nullable=False)], metadata=_METADATA)
 
 
 @functools.lru_cache(maxsize=8)
