@@ -69,9 +69,11 @@ def _remove_where(parent: Path, keep: Path | None, doomed: Callable[[Path], bool
     for folder in siblings:
         try:
             owner = (folder / OWNER_FILE).read_text()
-        except (OSError, UnicodeDecodeError):
+            if not owner or not doomed(Path(owner)):
+                continue
+        except (OSError, UnicodeDecodeError):  # unreadable record, or an owner we may not stat
             continue
-        if owner and doomed(Path(owner)) and _remove_unless_busy(folder):
+        if _remove_unless_busy(folder):
             removed.append(folder)
     return removed
 

@@ -101,13 +101,22 @@ class RamTier(Store):
         try:
             self.values.mkdir(parents=True, exist_ok=True)
             if self.owner is not None and self.root.name.startswith(default_name_prefix()):
-                claim(self.root, self.owner)
-                sweep_orphans(self.root.parent, keep=self.root)
+                self._housekeep(self.owner)
             with self._locked():
                 self._scan(clean=True)
         except OSError as e:
             raise _unavailable(e, self.root) from e
         self._opened = True
+
+    def _housekeep(self, owner: Path) -> None:
+        """Record ``owner`` and remove the default folders of deleted caches; best effort:
+        a cache folder that cannot be made (read-only) leaves this folder unclaimed, and
+        an unclaimed folder is never removed."""
+        try:
+            claim(self.root, owner)
+        except OSError:
+            pass
+        sweep_orphans(self.root.parent, keep=self.root)
 
     # -- reads -------------------------------------------------------------------------
 

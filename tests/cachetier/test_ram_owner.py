@@ -112,3 +112,14 @@ def test_a_deleted_cache_folder_leaves_nothing_in_dev_shm(tmp_path: Path) -> Non
     finally:
         for config in (first, second):
             shutil.rmtree(config.resolved_ram_dir, ignore_errors=True)
+
+
+def test_an_owner_that_cannot_be_made_leaves_the_tier_usable_and_unclaimed(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")  # the cache folder cannot be made below a file
+    tier = RamTier(shm / f"{default_name_prefix()}ro", budget=1 << 20, owner=blocked / "cache")
+    tier.put("k", b"value")
+    assert tier.get("k") == b"value"
+    assert not (tier.root / OWNER_FILE).exists()
+    assert sweep_orphans(shm) == []  # unclaimed: never removed
