@@ -8,6 +8,7 @@ in each repository's ``repo.json`` so a future change stays readable.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import blake3
 
@@ -23,14 +24,36 @@ _MULTITHREAD_FROM = 8 << 20
 
 
 def content_hash(data: BytesLike, algorithm: str = DEFAULT_HASH) -> str:
-    """Return the lowercase hex digest of ``data`` under ``algorithm`` (blake3 or sha256)."""
+    """Return the lowercase hex digest of ``data`` under ``algorithm`` (blake3 or sha256).
+
+    Safe in a forked child (DataLoader workers, the two-lane ingest): see :func:`_may_use_threads`.
+    """
     if algorithm == "blake3":
         view = memoryview(data)
-        threads = blake3.blake3.AUTO if view.nbytes >= _MULTITHREAD_FROM else 1
+        threads = blake3.blake3.AUTO if view.nbytes >= _MULTITHREAD_FROM and _may_use_threads() else 1
         return blake3.blake3(view, max_threads=threads).hexdigest()
     if algorithm == "sha256":
         return hashlib.sha256(data).hexdigest()
     raise ValueError(f"unknown hash algorithm {algorithm!r} (expected 'blake3' or 'sha256')")
+
+
+# The process whose blake3 started its thread pool (None: none has yet).
+_threads_started_in: int | None = None
+
+
+def _may_use_threads() -> bool:
+    """True unless this process was forked from one whose blake3 had started its threads.
+
+    blake3 hashes on a native (Rayon) thread pool made at first use. A forked child gets
+    the pool's state but not its threads, so a threaded hash there waits forever (a
+    DataLoader worker forked after the main process verified a big shard, or a second
+    two-lane ingest in one process). Such a child hashes on one thread.
+    """
+    global _threads_started_in
+    pid = os.getpid()
+    if _threads_started_in is None:
+        _threads_started_in = pid
+    return _threads_started_in == pid
 
 
 def hasher(algorithm: str = DEFAULT_HASH):

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -195,6 +196,46 @@ def test_kill_9_of_the_ingest_takes_the_child_along(tmp_path: Path) -> None:
     assert subprocess.run([*dataset, "version", "-m", "after"], cwd=project, env=env).returncode == 0
     verify = subprocess.run([*dataset, "verify", "--json"], cwd=project, env=env, capture_output=True)
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"]
+
+
+# Two big files ingests and a checkout in one process (as from a notebook), each in two
+# lanes, under a deadline: the second ingest's child once hung for ever, because the
+# first ingest had started blake3's thread pool, which a forked child does not get.
+_THREE_LANE_JOBS = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import datastore._lanes as lanes
+    import datastore.checkout as checkout
+    from datastore.repo import Repo
+    lanes._MIN_FILES, lanes._MIN_BYTES = 10, 0
+    checkout._LANE_MIN_SHARDS, checkout._LANE_MIN_BYTES = 4, 0
+    src, work = Path(sys.argv[1]), Path(sys.argv[2])
+    for name in ("one", "two"):
+        repo = Repo.init(work / name, workspace=None)
+        assert repo.ingest(src)["records"] == 800
+        repo.commit(name)
+    checkout.materialize(repo, repo.show("main"), work / "out")
+    written = sorted(p.relative_to(work / "out") for p in (work / "out").rglob("*.bin"))
+    assert written == sorted(p.relative_to(src) for p in src.rglob("*.bin"))
+    print("ok")
+""")
+
+
+def test_lanes_run_again_in_a_process_that_hashed_big_objects(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    rng = np.random.default_rng(5)
+    for i in range(800):  # 24 MB: packs over blake3's threaded size in each lane
+        path = src / f"d{i % 8}" / f"f{i:04d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.integers(0, 256, 30_000, dtype=np.uint8).tobytes())
+    result = subprocess.run(
+        [sys.executable, "-c", _THREE_LANE_JOBS, str(src), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
 def _state(pid: int) -> str:

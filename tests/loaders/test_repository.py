@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,39 @@ def test_a_reader_keeps_only_the_pages_it_is_reading_mapped(big_shards_repo, tmp
     held.sort()
     assert held[len(held) // 2] < shard_bytes // 2, held[len(held) // 2]
     assert held[-1] < 2 * shard_bytes, held[-1]
+
+
+# Ingest, then train, in one process (a notebook): the ingest hashed big objects on
+# blake3's threads, and DataLoader workers forked afterwards verify big shards. They once
+# waited for ever on a thread pool that a forked process does not have.
+_INGEST_THEN_TRAIN = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    from cachetier.config import CacheConfig
+    from datastore import Repo
+    from loaders import StreamingDataLoader, StreamingDataset
+    work = Path(sys.argv[1])
+    src = work / "src"
+    for i in range(40):
+        (src / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 4}" / f"f{i}.bin").write_bytes(os.urandom(1 << 20))
+    repo = Repo.init(work / "repo", workspace=None)
+    repo.ingest(src, shard_size=12 << 20)  # shards of 12 MiB and more: hashed on threads
+    repo.commit("files")
+    cache = CacheConfig(dir=work / "cache", ram_dir=work / "ram", ram_bytes=256 << 20, ssd_bytes=0)
+    ds = StreamingDataset(str(work / "repo"), cache=cache, columns=["path"], batch_size=4)
+    loader = StreamingDataLoader(ds, num_workers=2)
+    print(sum(len(batch["path"]) for batch in loader))
+""")
+
+
+def test_workers_forked_after_an_ingest_in_the_same_process_read_big_shards(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _INGEST_THEN_TRAIN, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["40"], result.stdout
