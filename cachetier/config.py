@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cachetier.errors import BadInputError
+from cachetier.ramowner import default_name_prefix
 
 __all__ = ["ENV_DIR", "ENV_RAM_BYTES", "ENV_SSD_BYTES", "CacheConfig", "load_cache_config", "parse_size"]
 
@@ -125,7 +126,7 @@ class CacheConfig:
         shm = Path("/dev/shm")
         if shm.is_dir() and os.access(shm, os.W_OK):
             tag = hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
-            return shm / f"tierdata-{os.getuid()}-{tag}"
+            return shm / f"{default_name_prefix()}{tag}"
         return self.dir / "ram"
 
     def replace(self, **changes: Any) -> CacheConfig:
