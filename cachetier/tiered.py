@@ -111,6 +111,8 @@ class TieredStore:
     inspects or rebalances the cache, such as ``dataset cache serve``). ``policy``
     overrides ``config.policy`` (a name or an instance). Safe to use from several
     threads, and from processes forked after it was made (each reopens what it needs).
+    Pickling gives the same cache opened afresh in the process that unpickles it (a
+    DataLoader worker started by spawn or forkserver): same tiers, its own counters.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class TieredStore:
     ):
         self.objects = objects
         self.config = config = config or CacheConfig()
+        self._policy_arg = policy
         self.policy = _make_policy(policy or config.policy, config)
         verify = config.verify != "none"
         self._env: SharedEnv | None = None
@@ -692,6 +695,9 @@ class TieredStore:
         if self._env is not None:
             self._env.close()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopened, (self.objects, self.config, self._policy_arg))
+
     def __enter__(self) -> TieredStore:
         return self
 
@@ -723,3 +729,10 @@ def _flight_locks(config: CacheConfig) -> FlightLocks:
     """The node's fill locks: next to the RAM tier when there is one, else the SSD tier."""
     folder = config.resolved_ram_dir if config.ram_bytes else config.lmdb_dir
     return FlightLocks(folder / "flight.lock")
+
+
+def _reopened(
+    objects: ObjectStore | None, config: CacheConfig, policy: str | PlacementPolicy | None
+) -> TieredStore:
+    """A :class:`TieredStore` unpickled in another process: the same cache, opened there."""
+    return TieredStore(objects, config, policy=policy)

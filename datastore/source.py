@@ -114,6 +114,15 @@ class RepoShardSource:
             self._pid, self._reader, self._lock = os.getpid(), None, threading.Lock()
         return self._reader
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a DataLoader worker started by spawn or forkserver: the version's
+        # shards and the cache; this process's lock, plan and mappings stay here.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_mapped", "_reader", "_pid")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reader, self._lock, self._pid, self._mapped = None, threading.Lock(), os.getpid(), {}
+
     def __repr__(self) -> str:
         return f"RepoShardSource({self.repo.url!r}, {self.version_id[:12]}, {len(self.shards)} shards)"
 

@@ -208,3 +208,24 @@ def test_workers_forked_after_an_ingest_in_the_same_process_read_big_shards(tmp_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["40"], result.stdout
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_forkserver_read_every_record_once_and_resume(
+    repo_path, tmp_path, context
+):
+    # macOS starts processes by spawn, and Python 3.14 on Linux by forkserver: the
+    # dataset is pickled for the workers, cache included, and each reopens the cache.
+    ds = StreamingDataset(str(repo_path), cache=_cache(tmp_path), shuffle=True, seed=4, batch_size=10)
+    loader = StreamingDataLoader(ds, num_workers=2, multiprocessing_context=context)
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(RECORDS))
+    half = StreamingDataLoader(ds, num_workers=2, multiprocessing_context=context)
+    batches = iter(half)
+    taken = [i for _ in range(25) for i in next(batches)["id"].tolist()]
+    state = half.state_dict()
+    del batches
+    rest = StreamingDataLoader(ds, num_workers=2, multiprocessing_context=context)
+    rest.load_state_dict(json.loads(json.dumps(state)))
+    after = [i for batch in rest for i in batch["id"].tolist()]
+    assert sorted(taken + after) == list(range(RECORDS))
+    assert not set(taken) & set(after)
