@@ -30,21 +30,27 @@ _HEAD_BYTES = 64 << 10
 
 
 class _Prefixed:
-    """A read-only stream: ``head`` then the rest of ``stream``."""
+    """A read-only stream: ``head`` then the rest of ``stream``; counts the quotes it passes."""
 
     def __init__(self, head: bytes, stream):
         self._head = head
         self._stream = stream
         self.closed = False
+        self.quotes = 0
 
     def read(self, size: int = -1) -> bytes:
-        if self._head:
-            if size is None or size < 0:
-                data, self._head = self._head + self._stream.read(), b""
-                return data
+        if size is None or size < 0:
+            data, self._head = self._head + self._stream.read(), b""
+        elif self._head:
             data, self._head = self._head[:size], self._head[size:]
-            return data
-        return self._stream.read(size)
+        else:
+            data = self._stream.read(size)
+        if len(data) > 1 and data.endswith(b"\r"):
+            # Arrow's CSV reader loses the "\n" of a quoted "\r\n" split between two blocks,
+            # so a block never ends on "\r": it starts the next one.
+            data, self._head = data[:-1], b"\r" + self._head
+        self.quotes += data.count(b'"')
+        return data
 
     def readable(self) -> bool:
         return True
@@ -75,11 +81,16 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         if not ctx.skip:
             sniff_binary(head, display)
         known = {f.name: f.type for f in ctx.schema} if ctx.schema is not None else {}
+        source = _Prefixed(head, stream)
         try:
             reader = pcsv.open_csv(
-                _Prefixed(head, stream),
+                source,
                 read_options=pcsv.ReadOptions(block_size=max(ctx.block_bytes, 1024)),
-                parse_options=pcsv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
+                # Quoted fields may hold newlines: without this, a block boundary inside one
+                # splits the record (a false error, or a truncated value with skip).
+                parse_options=pcsv.ParseOptions(
+                    delimiter=delimiter, newlines_in_values=True, invalid_row_handler=on_invalid
+                ),
                 convert_options=_convert_options(known),
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
@@ -91,6 +102,12 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                 yield conform(batch, schema)
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
             raise _failure(ctx, delimiter, e, bad_rows, reader.schema) from e
+        if source.quotes % 2:  # Arrow takes the rest of the file as the open field's value
+            line = _scan(ctx, delimiter, lambda row: False, last=True)
+            raise BadInputError(
+                "a quoted field is never closed (it would run to the end of the file)",
+                subject=f"{display}:{line}" if line else display,
+            )
         for _ in iter(lambda: stream.read(1 << 20), b""):
             pass  # hash the whole file even if the reader stopped early
         ctx.stats.hash = tap.hexdigest()
@@ -177,12 +194,19 @@ def _value_type(value: str) -> pa.DataType:
     """The type Arrow infers for one value (what a whole-file inference would see)."""
     text = io.StringIO()
     csv.writer(text).writerows([["v"], [value]])
-    table = pcsv.read_csv(io.BytesIO(text.getvalue().encode()), convert_options=_convert_options({}))
+    table = pcsv.read_csv(
+        io.BytesIO(text.getvalue().encode()),
+        parse_options=pcsv.ParseOptions(newlines_in_values=True),
+        convert_options=_convert_options({}),
+    )
     return _normalize(table.schema.field(0).type)
 
 
-def _scan(ctx: ReadContext, delimiter: str, bad: Callable[[list[str]], bool]) -> int | None:
-    """Return the first line of the first data row that is not UTF-8 or that ``bad`` flags."""
+def _scan(
+    ctx: ReadContext, delimiter: str, bad: Callable[[list[str]], bool], *, last: bool = False
+) -> int | None:
+    """Return the first line of the first data row that is not UTF-8 or that ``bad`` flags
+    (with ``last``, else the first line of the last row)."""
     with open_input(ctx.spec.path, ctx.spec.display) as (stream, _):
         state = {"line": 0, "error": None}
 
@@ -196,12 +220,12 @@ def _scan(ctx: ReadContext, delimiter: str, bad: Callable[[list[str]], bool]) ->
                     return
 
         reader = csv.reader(lines(), delimiter=delimiter)
-        start = 1
+        start = previous = 1
         try:
             for number, row in enumerate(reader):
                 if number > 0 and bad(row):
                     return start
-                start = state["line"] + 1
+                start, previous = state["line"] + 1, start
         except csv.Error:
             return start
-        return state["error"]
+        return previous if last and state["error"] is None else state["error"]

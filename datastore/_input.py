@@ -17,7 +17,15 @@ from typing import BinaryIO
 from cachetier.errors import BadInputError, NotFoundError
 from cachetier.hashing import hasher
 
-__all__ = ["HashingTap", "compression_of", "iter_line_blocks", "open_input", "sniff_binary"]
+__all__ = [
+    "CorruptStreamError",
+    "HashingTap",
+    "ZstdFrames",
+    "compression_of",
+    "iter_line_blocks",
+    "open_input",
+    "sniff_binary",
+]
 
 _COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
@@ -63,6 +71,67 @@ class HashingTap(io.RawIOBase):
         return self._hash.hexdigest()
 
 
+class CorruptStreamError(OSError):
+    """Compressed input that cannot be decompressed."""
+
+
+class ZstdFrames(io.RawIOBase):
+    """Concatenated zstd frames, decompressed as they are read.
+
+    Input that ends inside a frame raises EOFError (zstandard's stream reader returns
+    what it decoded as if the file were whole), and undecodable input CorruptStreamError.
+    """
+
+    def __init__(self, raw: BinaryIO, chunk: int = 256 << 10):
+        import zstandard
+
+        self._dctx = zstandard.ZstdDecompressor()
+        self._error = zstandard.ZstdError
+        self._raw = raw
+        self._chunk = chunk
+        self._frame = None  # the decompressor of the frame in progress; None between frames
+        self._out = b""
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(1 << 24), b""))
+        while self._at >= len(self._out):
+            if not self._decode_more():
+                return b""
+        data = self._out[self._at : self._at + size]
+        self._at += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def _decode_more(self) -> bool:
+        data = self._raw.read(self._chunk)
+        if not data:
+            if self._frame is not None:
+                raise EOFError("compressed data ended before the end of a zstd frame (a truncated file?)")
+            return False
+        out = []
+        try:
+            while data:
+                if self._frame is None:
+                    self._frame = self._dctx.decompressobj()
+                out.append(self._frame.decompress(data))
+                data = b""
+                if self._frame.eof:
+                    data, self._frame = self._frame.unused_data, None
+        except self._error as e:
+            raise CorruptStreamError(f"not zstd data ({e})") from None
+        self._out, self._at = out[0] if len(out) == 1 else b"".join(out), 0
+        return True
+
+
 @contextmanager
 def open_input(
     path: str, display: str, progress: Callable[[int], None] | None = None
@@ -82,13 +151,11 @@ def open_input(
         if kind == "gzip":
             stream: BinaryIO = gzip.GzipFile(fileobj=io.BufferedReader(tap, 1 << 20), mode="rb")
         elif kind == "zstd":
-            import zstandard
-
-            stream = zstandard.ZstdDecompressor().stream_reader(tap, read_across_frames=True)
+            stream = ZstdFrames(tap)
         else:
             stream = tap
         yield stream, tap
-    except (gzip.BadGzipFile, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, CorruptStreamError) as e:
         raise BadInputError(f"corrupt {kind} data: {e}", subject=display) from e
     finally:
         raw.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import os
@@ -105,6 +106,35 @@ def test_compressed_inputs(tmp_path: Path) -> None:
     assert read_table([tmp_path / "a.jsonl.gz"])[0].num_rows == 1000
     assert read_table([tmp_path / "b.jsonl.zst"])[0].column("i").to_pylist() == list(range(1000))
     assert read_table([tmp_path / "c.csv.gz"])[0].column("i").to_pylist() == [1, 2]
+
+
+def _zstd_frames(data: bytes, frame: int) -> bytes:
+    """``data`` as zstd frames of ``frame`` bytes each, one after another (as ``zstd`` appends),
+    each with a checksum (as the ``zstd`` command writes by default)."""
+    compressor = zstandard.ZstdCompressor(write_checksum=True)
+    return b"".join(compressor.compress(data[i : i + frame]) for i in range(0, len(data), frame))
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv", "txt"])
+def test_zstd_frames_whole_truncated_or_garbage(tmp_path: Path, suffix: str) -> None:
+    rows = [{"i": i, "s": f"row {i}"} for i in range(3000)]
+    text = {
+        "jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+        "csv": "i,s\n" + "".join(f"{r['i']},{r['s']}\n" for r in rows),
+        "txt": "".join(f"row {r['i']}\n" for r in rows),
+    }[suffix].encode()
+    whole = _zstd_frames(text, 10_000)
+    ok = write(tmp_path / f"ok.{suffix}.zst", whole)
+    table, _ = read_table([ok])
+    assert table.num_rows == 3000
+    # Cut inside the last frame (a download that stopped): `zstd -t` says "premature end".
+    cut = write(tmp_path / f"cut.{suffix}.zst", whole[:-7])
+    assert "cut." in error_of([cut]) and "truncated" in error_of([cut])
+    assert "truncated" in error_of([cut], on_error="skip")
+    junk = write(tmp_path / f"junk.{suffix}.zst", whole[:100] + os.urandom(64) + whole[164:])
+    assert "junk." in error_of([junk])
+    garbage = write(tmp_path / f"garbage.{suffix}.zst", b"not zstd at all\n" * 10)
+    assert "garbage." in error_of([garbage]) and "zstd" in error_of([garbage])
 
 
 def test_directory_with_explicit_format_expands(tmp_path: Path) -> None:
@@ -222,6 +252,52 @@ def test_csv_schema_does_not_depend_on_block_size(tmp_path: Path, rows) -> None:
                 assert got[k] == float(int(cell, 0) if cell.startswith("0x") else cell)
 
 
+TEXT_CELLS = st.text(alphabet=st.sampled_from(list('ab ,"\n\r\t;é')), max_size=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(TEXT_CELLS, TEXT_CELLS), min_size=1, max_size=300))
+def test_csv_quoted_fields_with_newlines_come_back_whole_in_any_block_size(tmp_path: Path, rows) -> None:
+    # Quoted values holding newlines, commas and quotes: a read block may end inside one.
+    src = tmp_path / "q.csv"
+    with open(src, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["a", "b"])
+        writer.writerows([("x" + a, "y" + b) for a, b in rows])  # never empty, so never null
+    for block_bytes in (1024, 1 << 20):
+        ctx = ReadContext(spec=resolve_sources([src])[0], block_bytes=block_bytes)
+        table = pa.Table.from_batches(list(read_source(ctx)), ctx.schema)
+        assert table.to_pylist() == [{"a": "x" + a, "b": "y" + b} for a, b in rows]
+
+
+def test_csv_quoted_crlf_split_between_read_blocks(tmp_path: Path) -> None:
+    # Some pad puts the end of a 1 KiB read block between the "\r" and the "\n" of a
+    # quoted "\r\n" (Arrow alone then loses the "\n").
+    src = tmp_path / "crlf.csv"
+    for pad in range(1008, 1024):
+        values = ["p" * pad, "a\r\nb", "c\r\n\r\nd"]
+        with open(src, "w", newline="") as f:
+            csv.writer(f).writerows([["v"], *([v] for v in values)])
+        ctx = ReadContext(spec=resolve_sources([src])[0], block_bytes=1024)
+        table = pa.Table.from_batches(list(read_source(ctx)), ctx.schema)
+        assert table.column("v").to_pylist() == values, pad
+
+
+def test_csv_quoted_newlines_past_the_first_read_block(tmp_path: Path) -> None:
+    src = tmp_path / "m.csv"
+    with open(src, "w", newline="") as f:
+        csv.writer(f).writerows([["id", "text"], *([i, f"line one\nline two {i}"] for i in range(5000))])
+    table, stats = read_table([src], on_error="skip")
+    assert table.column("id").to_pylist() == list(range(5000)) and stats[0].skipped == 0
+    assert table.column("text")[2185].as_py() == "line one\nline two 2185"
+
+
+def test_csv_quote_never_closed_names_its_line(tmp_path: Path) -> None:
+    src = write(tmp_path / "open.csv", 'a,b\n1,x\n2,"y\n3,4\n5,6\n')
+    assert "open.csv:3" in error_of([src]) and "never closed" in error_of([src])
+    assert "open.csv:3" in error_of([src], on_error="skip")
+
+
 def _same_value(got, want) -> bool:
     """JSON equality as Arrow gives values back: 1 == 1.0, absent struct fields are None."""
     if isinstance(want, dict):
@@ -275,6 +351,8 @@ def test_csv_widens_leniently(tmp_path: Path) -> None:
         ("dup.csv", "a,a\n1,2\n", ["dup.csv:1", "duplicate column"]),
         ("nul.csv", "a,b\n1,\x00\n", ["nul.csv:2", "binary"]),
         ("bad.txt", b"ok\nalso ok\n\xff\xfe\n", ["bad.txt:3", "UTF-8"]),
+        ("latin1.jsonl", b'{"a": "ok"}\n{"a": "caf\xe9"}\n', ["latin1.jsonl:2", "UTF-8", "0xe9"]),
+        ("latin1key.jsonl", b'{"caf\xe9": 1}\n', ["latin1key.jsonl:1", "UTF-8"]),
         ("empty.jsonl", "", ["empty.jsonl", "empty"]),
         ("empty.txt", "", ["empty.txt", "empty"]),
         ("bad.parquet", b"PAR1" + b"\x01" * 100, ["bad.parquet", "not a Parquet file"]),
@@ -323,6 +401,9 @@ def test_skip_keeps_good_records_and_counts_bad_ones(tmp_path: Path) -> None:
     csv_src = write(tmp_path / "mixed.csv", "a,b\n1,2\n3\n4,5\n6,7,8\n")
     table, stats = read_table([csv_src], on_error="skip")
     assert table.to_pylist() == [{"a": 1, "b": 2}, {"a": 4, "b": 5}] and stats[0].skipped == 2
+    latin1 = write(tmp_path / "latin1.jsonl", b'{"a": 1}\n{"a": "caf\xe9"}\n{"a": 2}\n')
+    table, stats = read_table([latin1], on_error="skip")
+    assert table.column("a").to_pylist() == [1, 2] and stats[0].skipped == 1
     txt = write(tmp_path / "mixed.txt", b"good\n\xff bad\nfine\n")
     table, stats = read_table([txt], on_error="skip")
     assert table.column("text").to_pylist() == ["good", "fine"] and stats[0].skipped == 1
