@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["conform", "normalize_json", "normalize_json_schema", "same_types", "widen", "widen_schema"]
+__all__ = [
+    "conform",
+    "fits_schema",
+    "normalize_json",
+    "normalize_json_schema",
+    "same_types",
+    "widen",
+    "widen_schema",
+]
 
 
 def widen(a: pa.DataType, b: pa.DataType, *, lenient: bool = False) -> pa.DataType | None:
@@ -47,6 +55,30 @@ def widen(a: pa.DataType, b: pa.DataType, *, lenient: bool = False) -> pa.DataTy
 def same_types(a: pa.Schema, b: pa.Schema) -> bool:
     """True when both schemas have the same column names and types, in order."""
     return a.names == b.names and all(x.type.equals(y.type) for x, y in zip(a, b))
+
+
+def fits_schema(own: pa.Schema, target: pa.Schema) -> bool:
+    """True when data of schema ``own`` can be read in ``target`` losing nothing: the same
+    columns, perhaps in another order, each of the same type or holding only nulls (a
+    ``null`` type, also inside lists and structs).
+
+    A column of ``target`` missing from ``own`` does not fit: reading it in as nulls would
+    also give data committed with ``--replace`` a column it never had.
+    """
+    if sorted(own.names) != sorted(target.names) or len(set(own.names)) != len(own.names):
+        return False
+    theirs = {f.name: f.type for f in target}
+    return all(_fits(f.type, theirs[f.name]) for f in own)
+
+
+def _fits(own: pa.DataType, target: pa.DataType) -> bool:
+    if own.equals(target) or pa.types.is_null(own):
+        return True
+    if pa.types.is_list(own) and pa.types.is_list(target):
+        return _fits(own.value_type, target.value_type)
+    if pa.types.is_struct(own) and pa.types.is_struct(target):
+        return fits_schema(pa.schema(list(own)), pa.schema(list(target)))
+    return False
 
 
 def widen_schema(a: pa.Schema, b: pa.Schema, *, lenient: bool = False) -> tuple[pa.Schema | None, str | None]:

@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedup", default="none", choices=["none", "exact", "minhash"])
 
     command("status", cmd_status, "staged changes and HEAD")
+    command("reset", cmd_reset, "drop everything staged (its objects stay until gc)")
 
     p = command("version", cmd_version, "commit staged shards as a new version (or `version list`)")
     p.add_argument("action", nargs="?", choices=["list"], help="`list`: the history, like `log`")
@@ -307,13 +308,25 @@ def cmd_status(args: argparse.Namespace) -> None:
     _emit(args, status, text)
 
 
-def cmd_version(args: argparse.Namespace) -> None:
+def cmd_reset(args: argparse.Namespace) -> None:
+    repo = _open()
+    dropped = repo.status()["staged"]
+    repo.unstage()
+
+    def text(d: dict[str, Any]) -> str:
+        if not d["dropped"]["ingests"]:
+            return "nothing staged"
+        return f"dropped {d['dropped']['records']} staged records in {d['dropped']['shards']} shards"
+
+    _emit(args, {"dropped": dropped}, text)
+
+
+def cmd_version(args: argparse.Namespace) -> int | None:
     if args.action == "list":
         return cmd_log(argparse.Namespace(**{**vars(args), "ref": None}))
-    if not args.message:
-        from cachetier.errors import UsageError
-
-        raise UsageError("a version needs a message", subject="version", hint="dataset version -m MESSAGE")
+    if not args.message:  # a usage error, like argparse's (exit 2)
+        print("dataset version: error: a version needs a message (-m MESSAGE)", file=sys.stderr)
+        return 2
     info = _open().commit(args.message, tag=args.tag, replace=args.replace)
     _emit(
         args,

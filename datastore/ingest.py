@@ -14,6 +14,8 @@ unchanged, so its cost follows the change, not the dataset.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +29,7 @@ from cachetier.errors import BadInputError
 from cachetier.objects import ObjectStore
 from datastore._ingestfiles import ingest_files
 from datastore._pipeline import Uploader, read_ahead, store_pending
-from datastore._schema import conform
+from datastore._schema import conform, fits_schema, same_types
 from datastore.chunking import ChunkOptions
 from datastore.ingestindex import IngestIndex
 from datastore.shards import DEFAULT_SHARD_SIZE, FILES_SHARD_SIZE, ShardInfo, ShardOptions, ShardWriter
@@ -134,6 +136,7 @@ def ingest(
     chunk_options: ChunkOptions | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     lanes: int = 2,
+    prefer_schema: pa.Schema | None = None,
 ) -> IngestResult:
     """Read ``sources`` and store their records as shards in ``objects``.
 
@@ -145,6 +148,9 @@ def ingest(
     (16 MiB; 64 KiB for a ``files`` dataset, so an edited file rewrites little: its small
     shards are stored together in packs, see :mod:`cachetier.packs`). A big directory is
     ingested by up to ``lanes`` processes (see :mod:`datastore._lanes`); the shards are the same.
+    ``prefer_schema`` (the schema of the data this will join) is taken when the sources'
+    own schema differs from it only in column order or in columns that hold no values here,
+    so data that fits it can be appended to it.
     """
     if on_error not in ("fail", "skip"):
         raise BadInputError(
@@ -169,7 +175,9 @@ def ingest(
         with Uploader(objects, workers=workers, budget=budget) as up:
             result = _ingest_files(specs, up, options, settings, idx)
     else:
-        result = _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers, budget)
+        result = _ingest_tables_with_restarts(
+            specs, objects, options, settings, idx, workers, budget, prefer_schema
+        )
     if idx is not None:
         idx.save()
     return result
@@ -208,8 +216,10 @@ def _ingest_files(specs, up: Uploader, options, settings: _Settings, idx) -> Ing
     )
 
 
-def _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers, budget) -> IngestResult:
-    hint = _schema_hint(specs, idx)
+def _ingest_tables_with_restarts(
+    specs, objects, options, settings, idx, workers, budget, prefer: pa.Schema | None
+) -> IngestResult:
+    hint = _schema_hint(specs, idx, settings)
     for attempt in range(_MAX_RESTARTS):
         up = Uploader(objects, workers=workers, budget=budget)
         try:
@@ -222,10 +232,15 @@ def _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers
         except BaseException:
             up.close(cancel=True)
             raise
+        if hint is not prefer and _should_take(schema, prefer):
+            up.close(cancel=True)
+            hint = prefer  # read again in the schema of the data this joins
+            continue
         up.close()
         if idx is not None and schema is not None:
+            context = _schema_context(specs, settings)
             for spec in specs:
-                idx.remember_schema(spec.path, spec.size, spec.mtime_ns, schema)
+                idx.remember_schema(spec.path, spec.size, spec.mtime_ns, schema, context)
         return _result(schema, shards, stats, specs, specs[0].format, options, settings, up, 0)
     raise BadInputError(
         "the schema kept changing while reading",
@@ -234,11 +249,27 @@ def _ingest_tables_with_restarts(specs, objects, options, settings, idx, workers
     )
 
 
-def _schema_hint(specs: list[SourceSpec], idx: IngestIndex | None) -> pa.Schema | None:
-    """The schema the last ingest of these same, unchanged sources ended with."""
+def _should_take(schema: pa.Schema | None, prefer: pa.Schema | None) -> bool:
+    """True when data read as ``schema`` should be read again as ``prefer`` (it fits it)."""
+    if prefer is None or schema is None or same_types(schema, prefer):
+        return False
+    return fits_schema(schema, prefer)
+
+
+def _schema_context(specs: list[SourceSpec], settings: _Settings) -> str:
+    """What besides a source's own bytes decides the schema it is read with: its format, the
+    reader options, and the sources read beside it (their columns join the schema)."""
+    sources = [(s.path, s.format, s.size, s.mtime_ns) for s in specs]
+    key = json.dumps([sources, settings.text_column, settings.on_error])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _schema_hint(specs: list[SourceSpec], idx: IngestIndex | None, settings: _Settings) -> pa.Schema | None:
+    """The schema the last ingest of these same, unchanged sources, read the same way, ended with."""
     if idx is None:
         return None
-    hints = [idx.schema_hint(s.path, s.size, s.mtime_ns) for s in specs]
+    context = _schema_context(specs, settings)
+    hints = [idx.schema_hint(s.path, s.size, s.mtime_ns, context) for s in specs]
     if any(h is None for h in hints) or any(not h.equals(hints[0]) for h in hints):
         return None
     return hints[0]

@@ -220,20 +220,23 @@ class IngestIndex:
 
     # ---------------------------------------------------------------- schemas
 
-    def schema_hint(self, abspath: str, size: int, mtime_ns: int) -> pa.Schema | None:
-        """The schema an earlier ingest of this unchanged source settled on."""
+    def schema_hint(self, abspath: str, size: int, mtime_ns: int, context: str) -> pa.Schema | None:
+        """The schema an earlier ingest of this unchanged source settled on, read in the same
+        ``context`` (the same format and reader options, beside the same other sources)."""
         entry = self._schemas.get(abspath)
-        if entry is None or entry[0] != size or entry[1] != mtime_ns:
+        if entry is None or len(entry) < 4 or entry[0] != size or entry[1] != mtime_ns or entry[3] != context:
             return None
         try:
             return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(entry[2])))
         except (ValueError, pa.ArrowInvalid):
             return None
 
-    def remember_schema(self, abspath: str, size: int, mtime_ns: int, schema: pa.Schema) -> None:
-        """Remember the schema a source was read with."""
+    def remember_schema(
+        self, abspath: str, size: int, mtime_ns: int, schema: pa.Schema, context: str
+    ) -> None:
+        """Remember the schema a source was read with, in ``context`` (see :meth:`schema_hint`)."""
         encoded = base64.b64encode(schema.serialize().to_pybytes()).decode()
-        self._schemas[abspath] = [size, mtime_ns, encoded]
+        self._schemas[abspath] = [size, mtime_ns, encoded, context]
         self.dirty = True
 
     # ---------------------------------------------------------------- persistence

@@ -233,6 +233,7 @@ class Repo:
         if not paths:
             raise BadInputError("nothing to ingest: no source paths given")
         index = self.workspace.index_dir if self.workspace is not None else None
+        staged = self.staged() or {"base": self.head_version, "ingests": []}
         result = run_ingest(
             [os.fspath(p) for p in paths],
             self.objects,
@@ -242,6 +243,7 @@ class Repo:
             on_error=on_error,
             index=index,
             progress=progress,
+            prefer_schema=self._schema_to_join(staged),
         )
         entry = {
             "format": result.format,
@@ -258,7 +260,6 @@ class Repo:
                 "on_error": on_error,
             },
         }
-        staged = self.staged() or {"base": self.head_version, "ingests": []}
         if staged["ingests"]:
             _check_same_schema(staged["ingests"][0], entry, paths)
         staged["ingests"].append(entry)
@@ -272,6 +273,15 @@ class Repo:
             "format": result.format,
             "staged_records": sum(i["records"] for i in staged["ingests"]),
         }
+
+    def _schema_to_join(self, staged: dict[str, Any]) -> pa.Schema | None:
+        """The schema of the data a new ingest joins: what is staged, else HEAD's data."""
+        if staged["ingests"]:
+            return schema_from_dict(staged["ingests"][0]["schema"])
+        if staged["base"] is None:
+            return None
+        record = load_version(self.store, staged["base"], algorithm=self.algorithm)
+        return schema_from_dict(record.schema) if record.records else None
 
     def status(self) -> dict[str, Any]:
         """HEAD and what is staged, as a JSON-able dict."""
@@ -572,10 +582,16 @@ def shard_to_dict(shard: Any) -> dict[str, Any]:
 def _check_same_schema(first: dict[str, Any], entry: dict[str, Any], paths: Sequence[Any]) -> None:
     if first["schema"]["fields"] != entry["schema"]["fields"]:
         raise BadInputError(
-            "schema differs from the data already staged",
+            f"schema ({_fields(entry)}) differs from the data already staged ({_fields(first)})",
             subject=os.fspath(paths[0]),
-            hint="commit or `dataset status` first; one version has one schema",
+            hint="one version has one schema: commit what is staged first, or drop it with `dataset reset`",
         )
+
+
+def _fields(entry: dict[str, Any], limit: int = 6) -> str:
+    fields = entry["schema"]["fields"]
+    text = ", ".join(f"{f['name']}:{f['type']}" for f in fields[:limit])
+    return text + (f", … {len(fields) - limit} more" if len(fields) > limit else "")
 
 
 def _init_repo_json(store: Store) -> str:

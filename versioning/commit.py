@@ -139,7 +139,7 @@ def _check_schema(branch: str, old: dict[str, Any], new: dict[str, Any]) -> None
             f"cannot append: the new data's schema ({_describe(new)}) differs from "
             f"the schema on branch {branch!r} ({_describe(old)})",
             subject=f"branch {branch!r}",
-            hint="make the columns match, or commit with --replace",
+            hint="make the columns match, commit with --replace, or drop what is staged with `dataset reset`",
         )
 
 
