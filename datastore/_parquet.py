@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from cachetier.errors import BadInputError
 from cachetier.hashing import hasher
+from datastore._schema import conform
 from datastore._sourcebase import ReadContext
 
 __all__ = ["read_parquet"]
@@ -29,7 +30,12 @@ def read_parquet(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         schema = pf.schema_arrow.remove_metadata()
     except _ERRORS as e:
         raise BadInputError(f"not a Parquet file, or truncated ({_first_line(e)})", subject=display) from e
+    names = schema.names
+    duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if duplicate is not None:
+        raise BadInputError(f"duplicate column name {duplicate!r}", subject=display, hint="rename the column")
     ctx.fix_schema(schema)
+    schema = ctx.schema  # the file's, or a known one it fits
     meta = pf.metadata
     for index in range(meta.num_row_groups):
         group = meta.row_group(index)
@@ -37,9 +43,7 @@ def read_parquet(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         batch_rows = max(1, min(rows, ctx.block_bytes * rows // max(group.total_byte_size, 1)))
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[index]):
-                batch = batch.replace_schema_metadata(None)
-                if not batch.schema.equals(schema):
-                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+                batch = conform(batch.replace_schema_metadata(None), schema)
                 ctx.stats.records += batch.num_rows
                 yield batch
         except _ERRORS as e:

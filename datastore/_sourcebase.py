@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from cachetier.errors import BadInputError
-from datastore._schema import same_types
+from datastore._schema import fits_schema, same_types
 
 __all__ = ["FORMATS", "ReadContext", "SchemaWidened", "SourceSpec", "SourceStats"]
 
@@ -98,7 +98,12 @@ class ReadContext:
         raise SchemaWidened(schema, where)
 
     def fix_schema(self, schema: pa.Schema) -> None:
-        """A fixed-type source: adopt its schema, or fail naming the first difference."""
+        """A fixed-type source: adopt its schema, keep the known one if the source fits it
+        losslessly (see :func:`~datastore._schema.fits_schema`), or fail naming the first
+        difference. The source's records are then read in ``self.schema``."""
+        if self.schema is not None and fits_schema(schema, self.schema):
+            self.locked_by = self.locked_by or self.spec.display
+            return
         if self.schema is not None and not same_types(self.schema, schema):
             raise BadInputError(
                 f"schema differs from the earlier sources: {_difference(self.schema, schema)}",

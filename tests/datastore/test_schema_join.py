@@ -127,3 +127,36 @@ def test_remembered_schema_is_not_reused_across_formats_options_or_neighbours(
 )
 def test_fits_schema(own: dict, target: dict, fits: bool) -> None:
     assert fits_schema(pa.schema(own), pa.schema(target)) is fits
+
+
+def test_parquet_sources_in_another_column_order_or_with_null_columns_join(
+    cli, local_url: str, tmp_path: Path
+) -> None:
+    pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), tmp_path / "ab.parquet")
+    pq.write_table(pa.table({"b": ["z"], "a": [3]}), tmp_path / "ba.parquet")
+    pq.write_table(pa.table({"a": [4], "b": pa.nulls(1)}), tmp_path / "a_null.parquet")
+    assert cli("init", local_url).code == 0
+    both = cli("ingest", tmp_path / "ab.parquet", tmp_path / "ba.parquet")
+    assert both.code == 0, both.err
+    cli("version", "-m", "one")
+    late = cli("ingest", tmp_path / "a_null.parquet")
+    assert late.code == 0, late.err
+    assert cli("version", "-m", "two").code == 0
+    table = _checked_out(cli, "main", tmp_path / "out")
+    assert table.schema == pa.schema({"a": pa.int64(), "b": pa.string()})
+    assert table.to_pylist() == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 3, "b": "z"},
+        {"a": 4, "b": None},
+    ]
+
+
+def test_parquet_with_a_duplicate_column_name_is_refused(cli, local_url: str, tmp_path: Path) -> None:
+    pq.write_table(
+        pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]), tmp_path / "d.parquet"
+    )
+    assert cli("init", local_url).code == 0
+    result = cli("ingest", tmp_path / "d.parquet")
+    assert result.code == 1 and "d.parquet" in result.err and "duplicate column name 'a'" in result.err
+    assert cli("status", "--json").json["staged"]["ingests"] == 0
