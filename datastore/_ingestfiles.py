@@ -11,6 +11,7 @@ are cut into content-defined chunks, each stored as its own object.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from datastore.chunking import ChunkOptions, iter_chunks, pack_chunk
 from datastore.files import (
     FILES_SCHEMA,
     FileEntry,
+    changed_while_read,
     files_batch,
     read_files_into,
     read_small_file,
@@ -184,14 +186,30 @@ class FilesIngest:
             self.files_read += n
 
     def _store_chunks(self, entry: FileEntry, display: str) -> tuple[str, ...]:
+        """Chunk a big file and store its chunks; return their ids.
+
+        The record's size is the listed one, so the file must still have it: fewer or
+        more bytes read, or another size or mtime once read (a file being appended to
+        or rewritten), is a BadInputError, and the ingest stages nothing.
+        """
         level = self.chunk_options.compression_level
+        subject = f"{display}/{entry.path}"
         futures = []
+        read = 0
         try:
             with open(entry.abspath, "rb") as f:
                 for raw in iter_chunks(f, self.chunk_options):
+                    read += len(raw)
                     futures.append(self.up.submit(len(raw), _store_chunk, self.up, raw, level))
+                st = os.fstat(f.fileno())
+        except FileNotFoundError as e:
+            raise BadInputError("file vanished while being ingested", subject=subject) from e
         except OSError as e:
-            raise BadInputError(f"cannot read: {e.strerror or e}", subject=f"{display}/{entry.path}") from e
+            raise BadInputError(f"cannot read: {e.strerror or e}", subject=subject) from e
+        if read != entry.size or st.st_size != entry.size or st.st_mtime_ns != entry.mtime_ns:
+            for future in futures:
+                future.cancel()
+            raise changed_while_read(subject)
         return tuple(f.result() for f in futures)
 
     def _hash_fresh(self, records: list[_Record], data: pa.LargeBinaryArray) -> None:
@@ -302,11 +320,7 @@ class _Builder:
         with open(r.entry.abspath, "rb") as f:
             ids = tuple(_store_chunk(self.up, raw, level) for raw in iter_chunks(f, self.chunk_options))
         if ids != r.chunks:
-            raise BadInputError(
-                "file changed while being ingested",
-                subject=f"{r.display}/{r.entry.path}",
-                hint="run the ingest again",
-            )
+            raise changed_while_read(f"{r.display}/{r.entry.path}")
 
 
 def _store_chunk(up: Uploader, raw: bytes, level: int) -> str:

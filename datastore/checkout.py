@@ -9,7 +9,18 @@ Guarantees:
   paths say (absolute paths, ``..``, symlinks planted in the target are refused);
 * shards are fetched in parallel, in version order, and written by a small thread pool;
   a big ``files`` dataset in two processes, as if written by one (a path the version
-  holds twice gets its later record).
+  holds twice gets its later record);
+* a ``files`` checkout refuses, before writing any file, a version where one path is both
+  a file and a folder (``x`` and ``x/y``, as an appended ingest can make);
+* a tabular checkout (jsonl, parquet, csv, text) leaves exactly the version in the target
+  folder: it writes ``part-NNNNN.<ext>`` files into a new or empty folder, or into one
+  that holds only such part files (an earlier checkout: they are removed first); a
+  folder holding anything else is refused, so no file we did not write is deleted. A
+  ``files`` checkout writes its files into the folder whatever is there, replacing files
+  of the same paths and leaving the others (as ``cp -r`` does);
+* a checkout that fails removes what it wrote: the folder it created, or the part files
+  of a tabular checkout (a ``files`` checkout into an existing folder keeps the files it
+  wrote before the failure).
 """
 
 from __future__ import annotations
@@ -17,10 +28,13 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import functools
+import io
 import itertools
 import json
 import os
 import re
+import shutil
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -34,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from cachetier.errors import BadInputError
+from cachetier.errors import BadInputError, TierdataError
 from datastore._forklane import Lane, Send, can_fork
 from datastore.chunking import read_chunks_to
 from datastore.shards import read_shard
@@ -54,7 +68,14 @@ _DECODE_AHEAD = 16
 
 
 def materialize(repo: Repo, info: VersionInfo, target: Path, *, format: str | None = None) -> dict[str, Any]:
-    """Write the data of version ``info`` into ``target``; return counts (files, records, bytes)."""
+    """Write the data of version ``info`` into ``target``; return counts (files, records, bytes).
+
+    ``target`` is a folder, created if missing. A tabular format needs it new, empty, or
+    holding only the part files of an earlier checkout (which are replaced); a ``files``
+    checkout writes into it whatever is there. A problem with the folder (a file in the
+    way, no permission, a full disk) is a BadInputError naming the path; on any failure
+    what this checkout wrote is removed (see the module docstring).
+    """
     fmt = format or _default_format(info)
     if fmt not in FORMATS:
         raise BadInputError(
@@ -70,10 +91,76 @@ def materialize(repo: Repo, info: VersionInfo, target: Path, *, format: str | No
         )
     if fmt == "text" and "text" not in names:
         raise BadInputError("`--format text` needs a 'text' column", subject=info.version[:12])
-    target.mkdir(parents=True, exist_ok=True)
-    if fmt == "files":
-        return _write_files(repo, info, target)
-    return _write_parts(repo, info, target, fmt)
+    created = _make_target(target)
+    try:
+        if fmt == "files":
+            return _write_files(repo, info, target)
+        return _write_parts(repo, info, target, fmt)
+    except BaseException as e:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, TierdataError):
+            error = _target_error(e, target)
+            if error is not None:
+                raise error from e
+        raise
+
+
+def _make_target(target: Path) -> Path | None:
+    """Check that ``target`` is a folder this process may write, creating it if missing.
+
+    Returns the topmost folder created (None when ``target`` existed), for clean-up.
+    """
+    if target.is_dir():
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise BadInputError(
+                f"cannot write into folder {str(target)!r}: permission denied", subject=str(target)
+            )
+        return None
+    if target.exists() or target.is_symlink():
+        raise BadInputError(
+            f"{str(target)!r} exists and is not a folder",
+            subject=str(target),
+            hint="--to names a folder, new or existing",
+        )
+    top = target
+    while not top.parent.exists() and not top.parent.is_symlink() and top.parent != top:
+        top = top.parent
+    try:
+        target.mkdir(parents=True)
+    except FileExistsError:
+        if not target.is_dir():  # made by someone else meanwhile
+            raise BadInputError(f"{str(target)!r} exists and is not a folder", subject=str(target)) from None
+        return None
+    except OSError as e:
+        blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file" if blocker is not None else (e.strerror or str(e))
+        raise BadInputError(f"cannot create folder {str(target)!r}: {reason}", subject=str(target)) from e
+    return top
+
+
+def _target_error(e: OSError, target: Path) -> BadInputError | None:
+    """A one-line error for an OSError met writing below ``target``; None for other paths."""
+    root = os.path.abspath(target)
+    where = os.path.abspath(e.filename) if isinstance(e.filename, str) else None
+    if where is None or os.path.commonpath([root, where]) != root:
+        return None
+    if isinstance(e, IsADirectoryError):
+        return BadInputError(
+            "a folder in the target is in the way of a file of the version",
+            subject=where,
+            hint="check out into a new folder, or remove it",
+        )
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        blocker = next(
+            (p for p in (where, *Path(where).parents) if os.path.lexists(p) and not os.path.isdir(p)), where
+        )
+        return BadInputError(
+            "a file in the target is in the way of a folder of the version",
+            subject=str(blocker),
+            hint="check out into a new folder, or remove it",
+        )
+    return BadInputError(f"cannot write: {e.strerror or e}", subject=where)
 
 
 def iter_version_tables(
@@ -105,17 +192,89 @@ def _default_format(info: VersionInfo) -> str:
     return fmt if fmt in FORMATS else "parquet"
 
 
+# What a tabular checkout writes (see _write_parts), and its temp names (see _replacing).
+_PART_NAME = re.compile(r"part-\d{5,}\.(?:jsonl|parquet|csv|txt)")
+_PART_TEMP = re.compile(r"\.part-\d{5,}\.(?:jsonl|parquet|csv|txt)\.[0-9a-f]{8}\.tmp")
+
+
 def _write_parts(repo: Repo, info: VersionInfo, target: Path, fmt: str) -> dict[str, Any]:
+    """Write one part file per shard, once the first shard shows the format can hold the
+    columns and the part files of an earlier checkout are removed; on failure, remove ours."""
+    earlier = _earlier_parts(target)
+    tables = iter_version_tables(repo, info)
     records = written = 0
-    with ThreadPoolExecutor(_WRITERS) as pool:
-        futures: list[Future[int]] = []
-        for i, table in enumerate(iter_version_tables(repo, info)):
-            path = target / f"part-{i:05d}.{_EXT[fmt]}"
-            futures.append(pool.submit(_write_part, table, path, fmt))
-            records += table.num_rows
-        for future in futures:
-            written += future.result()
-    return {"files": len(futures), "records": records, "bytes": written}
+    paths: list[Path] = []
+    try:
+        first = next(tables, None)
+        if first is not None:
+            _check_columns(first.schema, fmt)
+        for path in earlier:
+            path.unlink(missing_ok=True)
+        with ThreadPoolExecutor(_WRITERS) as pool:
+            futures: list[Future[int]] = []
+            for i, table in enumerate(itertools.chain([first] if first is not None else [], tables)):
+                paths.append(target / f"part-{i:05d}.{_EXT[fmt]}")
+                futures.append(pool.submit(_write_part, table, paths[-1], fmt))
+                records += table.num_rows
+            for future in futures:
+                written += future.result()
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
+    finally:
+        tables.close()
+    return {"files": len(paths), "records": records, "bytes": written}
+
+
+def _earlier_parts(target: Path) -> list[Path]:
+    """The part files (and stray temp files) of an earlier checkout in ``target``;
+    BadInputError if it holds anything else, which a checkout must neither delete nor mix with."""
+    ours, others = [], []
+    with os.scandir(target) as entries:
+        for entry in entries:
+            named_ours = _PART_NAME.fullmatch(entry.name) or _PART_TEMP.fullmatch(entry.name)
+            (ours if named_ours and entry.is_file(follow_symlinks=False) else others).append(entry.name)
+    if others:
+        raise BadInputError(
+            f"folder {str(target)!r} is not empty: it holds {min(others)!r}, "
+            "not only part files of an earlier checkout",
+            subject=str(target),
+            hint="check out into a new or empty folder",
+        )
+    return [target / name for name in ours]
+
+
+def _check_columns(schema: pa.Schema, fmt: str) -> None:
+    """Refuse, before writing, columns the format cannot hold (naming the first one)."""
+    if fmt == "text":
+        t = schema.field("text").type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+            raise BadInputError(
+                f"`--format text` needs a string 'text' column, not {t}",
+                subject="text",
+                hint="use --format jsonl or parquet",
+            )
+    elif fmt == "csv":
+        for column in schema:
+            if not _csv_can_write(column.type):
+                raise BadInputError(
+                    f"column {column.name!r} ({column.type}) cannot be written as CSV",
+                    subject=column.name,
+                    hint="use --format jsonl or parquet",
+                )
+
+
+def _csv_can_write(type_: pa.DataType) -> bool:
+    import pyarrow.csv as pacsv
+
+    try:
+        pacsv.write_csv(pa.table({"c": pa.nulls(1, type_)}), io.BytesIO())
+    except (pa.ArrowException, TypeError, ValueError):
+        return False
+    return True
 
 
 @contextmanager
@@ -138,18 +297,36 @@ def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
 
             pq.write_table(table, tmp, compression="zstd")
         elif fmt == "csv":
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(table, tmp)
+            _write_csv(table, tmp)
         elif fmt == "text":
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
                 for value in table.column("text").to_pylist():
                     f.write(("" if value is None else value) + "\n")
         else:
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                for row in table.to_pylist():
+                for row in _json_rows(table):
                     f.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
     return path.stat().st_size
+
+
+def _write_csv(table: pa.Table, path: Path) -> None:
+    """Write ``table`` as CSV; values it cannot hold (bytes that are not UTF-8) are a
+    BadInputError naming their column."""
+    import pyarrow.csv as pacsv
+
+    try:
+        pacsv.write_csv(table, path)
+    except pa.ArrowException as e:
+        for name, column in zip(table.column_names, table.columns):
+            try:
+                pacsv.write_csv(pa.table({name: column}), io.BytesIO())
+            except pa.ArrowException as column_error:
+                raise BadInputError(
+                    f"column {name!r} cannot be written as CSV: {column_error}",
+                    subject=name,
+                    hint="use --format jsonl or parquet",
+                ) from e
+        raise
 
 
 def _json_default(value: Any) -> Any:
@@ -159,23 +336,120 @@ def _json_default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, _dt.timedelta):
         return value.total_seconds()
-    if isinstance(value, decimal.Decimal):
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
         return str(value)
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+# JSON values of nanosecond time types. Arrow turns them into Python values only with
+# pandas (which is not a dependency), so they are read as integers and written here,
+# as pandas' values would be: a timestamp or time as ISO 8601 with 9 fractional digits
+# when it has nanoseconds (else exactly as a microsecond one), a duration as seconds.
+
+
+def _json_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows of ``table`` as dicts of JSON-ready values (see :func:`_json_default`)."""
+    as_ints = [_ns_as_int(f.type) for f in table.schema]
+    if not any(as_ints):
+        return table.to_pylist()
+    columns = []
+    for column_field, column, as_int in zip(table.schema, table.columns, as_ints):
+        if as_int is None:
+            columns.append(column.to_pylist())
+        else:
+            columns.append([_from_ns(v, column_field.type) for v in column.cast(as_int).to_pylist()])
+    return [dict(zip(table.column_names, row)) for row in zip(*columns)]
+
+
+def _is_ns(t: pa.DataType) -> bool:
+    return (pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time64(t)) and t.unit == "ns"
+
+
+def _ns_as_int(t: pa.DataType) -> pa.DataType | None:
+    """``t`` with its nanosecond time types as int64 (and dictionaries decoded); None if it has none."""
+    if _is_ns(t):
+        return pa.int64()
+    if pa.types.is_dictionary(t):
+        return _ns_as_int(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        inner = _ns_as_int(t.value_type)
+        if inner is None:
+            return None
+        item = t.value_field.with_type(inner)
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(item, t.list_size)
+        return pa.large_list(item) if pa.types.is_large_list(t) else pa.list_(item)
+    if pa.types.is_map(t):
+        key, item = _ns_as_int(t.key_type), _ns_as_int(t.item_type)
+        if key is None and item is None:
+            return None
+        return pa.map_(t.key_field.with_type(key or t.key_type), t.item_field.with_type(item or t.item_type))
+    if pa.types.is_struct(t):
+        inner = [_ns_as_int(f.type) for f in t]
+        if not any(inner):
+            return None
+        return pa.struct([f.with_type(i or f.type) for f, i in zip(t, inner)])
+    return None
+
+
+def _from_ns(value: Any, t: pa.DataType) -> Any:
+    """The JSON-ready value of ``value``, a Python value of ``_ns_as_int(t)``."""
+    if value is None:
+        return None
+    if pa.types.is_dictionary(t):
+        return _from_ns(value, t.value_type)
+    if _is_ns(t):
+        if pa.types.is_duration(t):
+            return value / 1_000_000_000
+        micros, nanos = divmod(value, 1000)
+        if pa.types.is_time64(t):
+            return _iso_with_nanos((_dt.datetime.min + _dt.timedelta(microseconds=micros)).time(), nanos)
+        stamp = _EPOCH + _dt.timedelta(microseconds=micros)
+        if t.tz is not None:
+            stamp = stamp.replace(tzinfo=_dt.UTC).astimezone(_tzinfo(t.tz))
+        return _iso_with_nanos(stamp, nanos)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [_from_ns(v, t.value_type) for v in value]
+    if pa.types.is_map(t):
+        return [(_from_ns(k, t.key_type), _from_ns(v, t.item_type)) for k, v in value]
+    if pa.types.is_struct(t):
+        for child in t:
+            if _ns_as_int(child.type) is not None:
+                value[child.name] = _from_ns(value[child.name], child.type)
+    return value
+
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+
+
+def _iso_with_nanos(value: _dt.datetime | _dt.time, nanos: int) -> str:
+    """ISO 8601 of ``value`` plus ``nanos`` (0-999) nanoseconds: 9 fractional digits, or
+    ``value.isoformat()`` when ``nanos`` is 0."""
+    if not nanos:
+        return value.isoformat()
+    text = value.isoformat(timespec="microseconds")
+    cut = text.index(".") + 7
+    return f"{text[:cut]}{nanos:03d}{text[cut:]}"
+
+
+@functools.lru_cache(maxsize=64)
+def _tzinfo(tz: str) -> _dt.tzinfo:
+    """The tzinfo Arrow gives timestamps of time zone ``tz`` (so both units agree)."""
+    return pa.scalar(0, pa.timestamp("us", tz=tz)).as_py().tzinfo
 
 
 def safe_target(root: str, relpath: str, checked_dirs: set[str] | None = None) -> str:
     """Return ``root/relpath`` if it stays inside ``root`` (an absolute path); BadInputError otherwise.
 
-    The path is checked lexically (no absolute path, ``..``, empty or NUL part) and its
-    folder by ``realpath`` (no symlink planted in ``root`` leads out); ``checked_dirs``
+    The path is checked lexically (no absolute path, ``..``, empty or NUL part; a
+    backslash is an ordinary character of a POSIX name) and its folder by ``realpath``
+    (no symlink planted in ``root`` leads out); ``checked_dirs``
     caches folders already found safe. The final component is opened with
     ``O_NOFOLLOW`` or replaced by rename, so a symlink there is never followed.
     """
     bad = (
         not relpath
         or "\x00" in relpath
-        or "\\" in relpath
         or relpath.startswith("/")
         or any(part in ("", ".", "..") for part in relpath.split("/"))
     )
@@ -191,7 +465,7 @@ def safe_target(root: str, relpath: str, checked_dirs: set[str] | None = None) -
 # What safe_target refuses lexically, as one search over many paths joined by newlines:
 # each path's ends are line ends, so whatever matches in one path matches in the joined
 # text. A path holding a newline may match where it is safe; safe_target then decides.
-_UNSAFE_PATHS = re.compile(r"\\|\x00|(^|/)\.{0,2}(/|$)", re.MULTILINE)
+_UNSAFE_PATHS = re.compile(r"\x00|(^|/)\.{0,2}(/|$)", re.MULTILINE)
 
 
 def _safe_targets(root: str, paths: list[str | None], checked_dirs: set[str]) -> list[str]:
@@ -231,11 +505,66 @@ def _write_files(repo: Repo, info: VersionInfo, target: Path) -> dict[str, Any]:
     """Write a files dataset; a big one in two processes (see :func:`_write_files_in_two_lanes`)."""
     table = repo.shard_table(info.version)
     root = os.path.abspath(target)
+    if not _from_one_tree(info):
+        _check_paths(repo, table.hashes(), root, info.version)
     sizes = table.uncompressed_bytes
     if len(table) >= _LANE_MIN_SHARDS and int(sizes.sum()) >= _LANE_MIN_BYTES and can_fork():
         half = int(np.searchsorted(np.cumsum(sizes), int(sizes.sum()) // 2)) + 1
         return _write_files_in_two_lanes(repo, table.hashes(), half, root)
     return _write_shards(repo, table.hashes(), _FilesWriter(repo, root))
+
+
+def _from_one_tree(info: VersionInfo) -> bool:
+    """True when the version's files are those of one directory (a ``files`` ingest of
+    one source, not appended to a parent): no path there can be a file and a folder."""
+    operation = info.record.operation
+    sources = operation.get("sources") or []
+    return (
+        operation.get("op") in ("ingest", "replace")
+        and len(sources) == 1
+        and sources[0].get("format") == "files"
+    )
+
+
+def _check_paths(repo: Repo, hashes: list[str], root: str, version: str) -> None:
+    """Refuse, before any file is written, a version with an unsafe path (as
+    :func:`safe_target`) or a path that is both a file and a folder (``x`` and ``x/y``).
+
+    Reads only the path column. Keeps an 8-byte hash per file and the set of folders, so memory
+    grows with the folders, not with the files.
+    """
+    folders: set[str] = set()
+    file_hashes: list[np.ndarray] = []
+    for _oid, data in repo.objects.get_many(hashes):
+        paths = read_shard(data, ["path"]).column("path").to_pylist()
+        if None in paths or _UNSAFE_PATHS.search("\n".join(paths)):
+            _safe_targets(root, paths, set())  # raises for the first unsafe path
+        file_hashes.append(np.fromiter(map(_path_hash, paths), np.uint64, len(paths)))
+        for parent in {p.rpartition("/")[0] for p in paths} - folders:
+            while parent and parent not in folders:  # a folder's ancestors are in the set too
+                folders.add(parent)
+                parent = parent.rpartition("/")[0]
+    if not folders or not file_hashes:
+        return
+    folder_list = list(folders)
+    folder_hashes = np.fromiter(map(_path_hash, folder_list), np.uint64, len(folder_list))
+    suspects = np.isin(folder_hashes, np.concatenate(file_hashes))
+    if suspects.any():  # a file's path hashes as a folder's: find the path itself
+        _refuse_file_and_folder(repo, hashes, {folder_list[i] for i in np.flatnonzero(suspects)}, version)
+
+
+def _refuse_file_and_folder(repo: Repo, hashes: list[str], suspects: set[str], version: str) -> None:
+    """Raise for the first file (in version order) whose path is in ``suspects``, folders
+    of the version (none, if their hashes only collided)."""
+    for _oid, data in repo.objects.get_many(hashes):
+        for path in read_shard(data, ["path"]).column("path").to_pylist():
+            if path in suspects:
+                raise BadInputError(
+                    f"{path!r} is both a file and a folder in version {version[:12]}: "
+                    "it cannot be checked out as files",
+                    subject=path,
+                    hint="rename the file or the folder and ingest again, or use --format parquet",
+                )
 
 
 def _write_files_in_two_lanes(repo: Repo, hashes: list[str], half: int, root: str) -> dict[str, Any]:

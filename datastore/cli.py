@@ -148,7 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("checkout", cmd_checkout, "switch HEAD; with --to, write the data into DIR")
     p.add_argument("ref")
-    p.add_argument("--to", metavar="DIR")
+    p.add_argument(
+        "--to",
+        metavar="DIR",
+        help="a new or empty folder, or one holding an earlier checkout's part files (they are "
+        "replaced); a files checkout writes into any folder, replacing files of the same paths",
+    )
     p.add_argument("--format", choices=["jsonl", "parquet", "csv", "text", "files"])
 
     p = command("dedup", cmd_dedup, "new version without duplicates, with an audit of what was removed")

@@ -21,6 +21,7 @@ from cachetier.errors import BadInputError, NotFoundError
 __all__ = [
     "FILES_SCHEMA",
     "FileEntry",
+    "changed_while_read",
     "files_batch",
     "is_files_schema",
     "read_file_into",
@@ -137,7 +138,13 @@ def read_file_into(entry: FileEntry, display: str, out: memoryview) -> None:
     finally:
         os.close(fd)
     if done != want:
-        raise BadInputError("file changed while being ingested", subject=subject, hint="run the ingest again")
+        raise changed_while_read(subject)
+
+
+def changed_while_read(subject: str) -> BadInputError:
+    """The error for a file whose size (or mtime) changed between its listing and the end
+    of its read: what was read would not match the size recorded."""
+    return BadInputError("file changed while it was being read", subject=subject, hint="ingest it again")
 
 
 def read_files_into(

@@ -92,7 +92,7 @@ def test_read_file_into_refuses_a_file_that_changed_size(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "/abs", "a/", "a//b", ".", "..", "a/./b", "a/../b", "../x", "a/..", "a\\b", "a\x00b"]
+    "bad", ["", "/abs", "a/", "a//b", ".", "..", "a/./b", "a/../b", "../x", "a/..", "a\x00b", "a\\/../b"]
 )
 def test_column_path_check_refuses_what_safe_target_refuses(tmp_path: Path, bad: str) -> None:
     root = str(tmp_path)
@@ -105,7 +105,7 @@ def test_column_path_check_refuses_what_safe_target_refuses(tmp_path: Path, bad:
 
 def test_column_path_check_accepts_what_safe_target_accepts(tmp_path: Path) -> None:
     root = str(tmp_path)
-    good = ["a", "..a", "...", "a/.../b", ".x/y", "d/ünï 名前.txt"]
+    good = ["a", "..a", "...", "a/.../b", ".x/y", "d/ünï 名前.txt", "back\\slash", "\\", "..\\x", "a\\..\\b"]
     assert _safe_targets(root, good, set()) == [safe_target(root, p) for p in good]
     (tmp_path / "link").symlink_to(tmp_path.parent)
     with pytest.raises(BadInputError, match="symlink"):
