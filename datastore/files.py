@@ -10,6 +10,8 @@ followed (no cycles); sockets, FIFOs and devices are left out.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from cachetier.errors import BadInputError, NotFoundError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FILES_SCHEMA",
@@ -89,6 +93,11 @@ def _walk(folder: str, prefix: str, display: str, out: list[FileEntry]) -> None:
             st = entry.stat()
         except FileNotFoundError:
             continue  # vanished while listing, or a dangling symlink
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink that leads to itself: skipped like a dangling one
+                log.warning("skipping %s: a symlink loop", os.path.join(display, rel))
+                continue
+            raise BadInputError(f"cannot read: {e.strerror or e}", subject=os.path.join(display, rel)) from e
         out.append(FileEntry(_checked_name(rel, display), entry.path, st.st_size, st.st_mtime_ns))
 
 

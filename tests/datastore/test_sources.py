@@ -156,6 +156,16 @@ def test_files_walk_sorted_nested_empty_non_ascii(tmp_path: Path) -> None:
     assert [e.size for e in entries] == [0, 1, 2, 1]
 
 
+def test_files_walk_skips_symlink_loops_like_dangling_links(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    write(root / "d" / "f", b"x")
+    (root / "self").symlink_to("self")  # a loop: stat says "too many levels of symbolic links"
+    (root / "d" / "up").symlink_to("..")  # a symlinked folder: not followed
+    (root / "gone").symlink_to("nowhere")
+    (root / "link").symlink_to("d/f")  # a symlinked file: followed
+    assert [(e.path, e.size) for e in walk_files(str(root))] == [("d/f", 1), ("link", 1)]
+
+
 # ---------------------------------------------------------------- schema across blocks and sources
 
 
