@@ -16,6 +16,7 @@ repository store and the cache reopen their handles in the new process.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import threading
@@ -28,7 +29,7 @@ import pyarrow as pa
 from cachetier.config import CacheConfig, load_cache_config
 from cachetier.pages import drop_mapping
 from cachetier.tiered import StreamingDecoder, TieredStore
-from datastore.repo import Repo
+from datastore.repo import Repo, schema_from_dict
 from datastore.shards import read_shard, shard_batches
 
 __all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "open_shard_source"]
@@ -91,6 +92,23 @@ class RepoShardSource:
                 self._mapped = {k: r for k, r in self._mapped.items() if r() is not None}
             self._mapped[shard_id] = weakref.ref(view.obj)
         return read_shard(pa.py_buffer(view), columns, plain=True)
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The version's schema, as its record holds it (hidden ``__`` columns left out)."""
+        stored = self.repo.show(self.version_id).record.schema
+        return schema_from_dict(stored) if stored.get("arrow") else None
+
+    def read_chunks(self, chunk_ids: Sequence[str], size: int | None, subject: str) -> bytes:
+        """The bytes of a big value of a ``files`` version, stored as content-defined chunks:
+        read like shards (through the cache, or verified from the object store), then joined
+        by the reassembly checkout uses; IntegrityError if one is corrupt or the size is off."""
+        from datastore.chunking import read_chunks_to
+
+        out = io.BytesIO()
+        objects = self.cache if self.cache is not None else self.repo.objects
+        read_chunks_to(objects, chunk_ids, out, expected_size=size, subject=subject)
+        return out.getvalue()
 
     def drop_pages(self, shard_id: str) -> None:
         """Unmap this process's resident pages of ``shard_id``'s RAM-tier file, if it was

@@ -15,7 +15,7 @@ of two ways:
 ==============================  ======================================================
 Arrow type                      batch value (``emit``)
 ==============================  ======================================================
-integer, float, bool            1-D tensor (nulls become 0, NaN for floats)
+integer, float, bool            1-D tensor (nulls become 0, False, NaN for floats)
 fixed-size list (nested too)    N-D tensor, e.g. ``(batch, 512)``
 temporal (timestamp, date, …)   int64 / int32 tensor of the stored integers
 variable-length list of numbers padded 2-D tensor (pad 0) plus ``<name>_lengths`` (int64)
@@ -299,11 +299,17 @@ def _numpy(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     if array.null_count:
         import pyarrow.compute as pc  # only for numbers with nulls: see loaders.take
 
-        fill = float("nan") if pa.types.is_floating(array.type) else 0
-        array = pc.fill_null(array, pa.scalar(fill, array.type))
+        array = pc.fill_null(array, pa.scalar(_null_fill(array.type), array.type))
     if pa.types.is_boolean(array.type):
         return array.to_numpy(zero_copy_only=False)
     return array.to_numpy(zero_copy_only=True)
+
+
+def _null_fill(typ: pa.DataType) -> float | bool | int:
+    """What a null becomes: NaN for floats, False for booleans, else 0."""
+    if pa.types.is_floating(typ):
+        return float("nan")
+    return False if pa.types.is_boolean(typ) else 0
 
 
 def _fixed_numpy(array: pa.Array, shape: tuple[int, ...]) -> np.ndarray:

@@ -14,6 +14,7 @@ so a crash leaves nothing behind).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,7 +125,10 @@ class StreamingDataLoader(DataLoader):
         except BaseException:
             self._abandon(batches)
             raise
-        progress.complete = True
+        else:
+            progress.complete = True
+        finally:
+            progress.open = False
 
     def _abandon(self, batches: Iterator[Any]) -> None:
         """Stop the workers now: an error's traceback would otherwise keep them (and torch's
@@ -152,6 +156,14 @@ class StreamingDataLoader(DataLoader):
         ds = self.streaming_dataset
         if p is None or ds._progress is not p or batches <= 0:
             return self.state_dict()
-        kept = max(0, p.chunks - batches)
-        remaining = p.part.after(p.part.samples_through(kept - 1))
-        return ds._state(p.spec.epoch, remaining).to_dict()
+        held = dataclasses.replace(p)
+        held.give_back(batches, batches=True)
+        return ds._current_state(held).to_dict()
+
+    def _give_back(self, batches: int) -> None:
+        """Count the last ``batches`` delivered batches as not delivered, for good: a
+        wrapper read them ahead and its loop ended before it handed them on (see
+        loaders.device). The next iteration and ``state_dict()`` start from them."""
+        p = self._progress
+        if p is not None and self.streaming_dataset._progress is p:
+            p.give_back(batches, batches=True)

@@ -21,8 +21,10 @@ torchdata's ``StatefulDataLoader``, which asks each worker) keeps the count.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +33,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cachetier.config import parse_size
 from cachetier.errors import BadInputError, UsageError
 from loaders.assemble import batch_rows
-from loaders.decoded import DecodedShard, batch_from_pieces, samples_from_pieces, select_columns
+from loaders.decoded import DecodedShard, batch_from_pieces, join_pieces, samples_from_pieces, select_columns
 from loaders.lead import Lead
 from loaders.partition import MAX_LEVELS, Partition, Remaining, Runs
 from loaders.plan import EpochPlan, make_plan
 from loaders.prefetch import ShardPrefetcher, needed_shards, touched_windows
-from loaders.source import ShardSource, open_source, use_loader_memory_pool
+from loaders.selection import check_columns, select
+from loaders.source import ShardSource, chunk_reader, open_source, source_schema, use_loader_memory_pool
 from loaders.state import LoaderState, WorkerProgress
 from loaders.world import World
 
@@ -79,7 +82,10 @@ class _Spec:
 
 @dataclass(slots=True)
 class _Progress:
-    """What the iteration running in this process has yielded so far."""
+    """What the iteration running in this process has yielded so far.
+
+    ``open`` until the iteration ends: exhausted, or closed by a consumer that stopped.
+    """
 
     spec: _Spec
     part: Partition
@@ -88,6 +94,20 @@ class _Progress:
     chunks: int = 0
     samples: int = 0
     complete: bool = False
+    open: bool = True
+
+    def give_back(self, items: int, *, batches: bool) -> None:
+        """Count the last ``items`` items yielded (batches, else samples) as not yielded:
+        a consumer read them ahead and never handed them on (one process, no workers)."""
+        if items <= 0:
+            return
+        if batches:
+            self.chunks = max(0, self.chunks - items)
+            self.samples = self.part.samples_through(self.chunks - 1)
+        else:
+            self.samples = max(0, self.samples - items)
+            self.chunks = min(self.chunks, self.samples // max(1, self.part.block))
+        self.complete = False
 
 
 class StreamingDataset(IterableDataset):
@@ -97,7 +117,11 @@ class StreamingDataset(IterableDataset):
     URL) opened at ``ref`` through ``datastore.open_shard_source`` with ``cache`` (a
     ``cachetier.CacheConfig``, or None for the workspace/environment defaults).
 
-    - ``columns``: the columns to read (default: all but hidden ``__`` columns).
+    - ``columns``: the columns to read, a name or a sequence of names (default: all but
+      hidden ``__`` columns); checked against the version's schema when the source knows
+      it. A ``files`` dataset gives every file's bytes in ``data``, big files reassembled
+      from their chunks through the cache; its ``chunks`` column (the chunk ids) is
+      hidden unless named (see :mod:`loaders.selection`).
     - ``shuffle`` / ``seed``: shuffle shards, then records within a window sliding over
       ``shuffle_window`` groups of shards (:mod:`loaders.plan`); the order is a pure
       function of (version, seed, epoch). A wider window mixes more groups per batch but
@@ -134,7 +158,7 @@ class StreamingDataset(IterableDataset):
         repo_or_url: Any,
         ref: str = "main",
         *,
-        columns: Sequence[str] | None = None,
+        columns: str | Iterable[str] | None = None,
         shuffle: bool = False,
         seed: int = 0,
         batch_size: int | None = None,
@@ -147,36 +171,31 @@ class StreamingDataset(IterableDataset):
         prefetch: int = 1,
     ) -> None:
         super().__init__()
-        if columns is not None:
-            columns = tuple(columns)
-            if not columns or not all(isinstance(c, str) for c in columns):
-                raise BadInputError(
-                    f"columns={columns!r}", subject="columns", hint="give column names, or None"
-                )
-        if batch_size is not None and batch_size < 1:
-            raise BadInputError(
-                f"batch_size={batch_size}", subject="batch_size", hint="use 1 or more, or None"
-            )
-        if shuffle_window < 1:
-            raise BadInputError(
-                f"shuffle_window={shuffle_window}", subject="shuffle_window", hint="use 1 or more"
-            )
+        columns = check_columns(columns)
+        batch_size = _check_int("batch_size", batch_size, 1, optional=True)
+        shuffle_window = _check_int("shuffle_window", shuffle_window, 1)
+        seed = _check_int("seed", seed, None)
+        prefetch = _check_int("prefetch", prefetch, None)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable or None, not {type(transform).__name__}")
         self.source: ShardSource = open_source(repo_or_url, ref, cache)
         self.version_id = str(self.source.version_id)
         self._shards = tuple((str(sid), int(n)) for sid, n in self.source.shards)
         self.records = sum(n for _, n in self._shards)
         self.columns = columns
+        #: what is read for ``columns`` (a files dataset's chunks too: see loaders.selection)
+        self._selection = select(columns, source_schema(self.source))
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = seed
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.transform = transform
-        self.shuffle_window = int(shuffle_window)
+        self.shuffle_window = shuffle_window
         self.shuffle_group = parse_size(shuffle_group, name="shuffle_group")
         self.shuffle_block = parse_size(shuffle_block, name="shuffle_block")
         sizes = getattr(self.source, "shard_bytes", None)
         self._shard_bytes = tuple(int(b) for b in sizes) if sizes is not None else None
-        self.prefetch = max(0, int(prefetch))
+        self.prefetch = max(0, prefetch)
         self._epoch = 0
         self._explicit_epoch = False
         self._resume: LoaderState | None = None
@@ -252,8 +271,8 @@ class StreamingDataset(IterableDataset):
             block=self.shuffle_block,
         )
 
-    def _current_state(self) -> LoaderState:
-        p = self._progress
+    def _current_state(self, progress: _Progress | None = None) -> LoaderState:
+        p = self._progress if progress is None else progress
         if p is None:
             return (
                 self._resume
@@ -276,29 +295,41 @@ class StreamingDataset(IterableDataset):
         )
         return self._state(p.spec.epoch, remaining, progress)
 
-    def _fold_progress(self) -> bool:
+    def _fold_progress(self) -> None:
         """Turn the progress of the last in-process iteration into the resume point."""
         p = self._progress
         if p is None:
-            return False
+            return
         self._resume = self._current_state()
         self._epoch = p.spec.epoch
         self._progress = None
-        return p.complete
 
     # -- where an iteration starts ----------------------------------------------------
 
-    def _begin(self, ranks: World, block: int, drop_last: bool, *, by_loader: bool) -> _Spec:
-        """Resolve the start of the next iteration and consume the pending resume point."""
-        completed = self._fold_progress()
-        epoch, remaining, resume_worker = self._epoch, Remaining(self.records), None
-        if self._resume is not None and self._resume.epoch == epoch:
-            remaining = self._resume_point(self._resume)
-            resume_worker = self._resume.worker
+    def _start(
+        self, ranks: World, block: int, drop_last: bool
+    ) -> tuple[int, Remaining, WorkerProgress | None]:
+        """Where the next iteration starts (epoch, what remains, a pool worker's own
+        progress), from the last iteration's progress or the loaded state; changes nothing."""
+        p = self._progress
+        if p is not None:
+            resume, epoch, completed = self._current_state(), p.spec.epoch, p.complete
+        else:
+            resume, epoch, completed = self._resume, self._epoch, False
+        remaining, resume_worker = Remaining(self.records), None
+        if resume is not None and resume.epoch == epoch:
+            remaining = self._resume_point(resume)
+            resume_worker = resume.worker
         left = Partition(remaining, ranks.world_size, ranks.rank, block, drop_last).samples
         started = remaining.consumed > 0
         if (completed or (started and left == 0 and resume_worker is None)) and not self._explicit_epoch:
-            epoch, remaining, resume_worker = epoch + 1, Remaining(self.records), None
+            return epoch + 1, Remaining(self.records), None
+        return epoch, remaining, resume_worker
+
+    def _begin(self, ranks: World, block: int, drop_last: bool, *, by_loader: bool) -> _Spec:
+        """Resolve the start of the next iteration and consume the pending resume point."""
+        epoch, remaining, resume_worker = self._start(ranks, block, drop_last)
+        self._progress = None
         self._epoch = epoch
         self._resume = None
         self._explicit_epoch = False
@@ -330,20 +361,24 @@ class StreamingDataset(IterableDataset):
         return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
 
     def __len__(self) -> int:
-        """Items (batches in batch mode, else samples) this rank yields in the current iteration."""
-        if self._progress is not None:
-            part = self._progress.part
-        else:
-            spec = self._loader_spec
-            if spec is None:
-                ranks = self._detect_ranks()
-                block, drop_last = self._default_block()
-                state = (
-                    self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
-                )
-                remaining = Remaining(self.records) if state is None else self._resume_point(state)
-                spec = _Spec(self._epoch, remaining, ranks.rank, ranks.world_size, block, drop_last, False)
+        """Items (batches in batch mode, else samples) this rank yields: in all, while an
+        iteration runs; otherwise in the next iteration (what remains of a stopped or
+        loaded epoch, or the whole next epoch after a finished one).
+
+        torch's ``DataLoader`` warns when an iterator yields more batches than the length
+        it last read, counting from the iterator's start: so while an iteration runs, its
+        length stays that of the whole iteration.
+        """
+        p = self._progress
+        if p is not None and p.open:
+            part = p.part
+        elif (spec := self._loader_spec) is not None:
             part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        else:
+            ranks = self._detect_ranks()
+            block, drop_last = self._default_block()
+            _, remaining, _ = self._start(ranks, block, drop_last)
+            part = Partition(remaining, ranks.world_size, ranks.rank, block, drop_last)
         return part.num_chunks if self.batch_size is not None else part.samples
 
     # -- iteration --------------------------------------------------------------------
@@ -364,7 +399,8 @@ class StreamingDataset(IterableDataset):
 
     def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
         shard_id = plan.shard_ids[index]
-        table = select_columns(self.source.read_shard(shard_id, self.columns), self.columns, shard_id)
+        columns = self._selection.read
+        table = select_columns(self.source.read_shard(shard_id, columns), columns, shard_id)
         if table.num_rows != plan.counts[index]:
             raise BadInputError(
                 f"shard has {table.num_rows} records, the version lists {plan.counts[index]}",
@@ -379,6 +415,14 @@ class StreamingDataset(IterableDataset):
     def _generate(
         self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress, lead: Lead | None
     ) -> Iterator[Any]:
+        try:
+            yield from self._items(plan, part, chunks, progress, lead)
+        finally:
+            progress.open = False
+
+    def _items(
+        self, plan: EpochPlan, part: Partition, chunks: range, progress: _Progress, lead: Lead | None
+    ) -> Iterator[Any]:
         if len(chunks) == 0:
             if lead is not None:
                 lead.done()
@@ -386,6 +430,8 @@ class StreamingDataset(IterableDataset):
             return
         transform = self.transform
         batched = self.batch_size is not None
+        selection = self._selection
+        read_chunks = chunk_reader(self.source) if selection.reassemble else None
         order = needed_shards(plan, touched_windows(plan, part, chunks))
         announce = self.source.announce
         with ShardPrefetcher(
@@ -398,6 +444,9 @@ class StreamingDataset(IterableDataset):
             if lead is not None:  # after announcing: a cache may fetch meanwhile
                 lead.wait()
             for kinds, parts, n in batch_rows(plan, shards, _Spans(part, chunks)):
+                if selection.active:
+                    kinds, joined = selection.finish(kinds, join_pieces(kinds, parts), read_chunks)
+                    parts = [joined]
                 if batched:
                     item = batch_from_pieces(kinds, parts)
                     progress.chunks += 1
@@ -415,6 +464,21 @@ class StreamingDataset(IterableDataset):
                     lead.done()
                     lead = None
         progress.complete = True
+
+    def _give_back(self, items: int) -> None:
+        """Count the last ``items`` items of the in-process iteration as not yielded (a
+        wrapper read them ahead and never handed them on: see loaders.device)."""
+        if self._progress is not None:
+            self._progress.give_back(items, batches=self.batch_size is not None)
+
+    def _state_dict_holding_back(self, items: int) -> dict[str, Any]:
+        """The state as if the last ``items`` items yielded had not been yielded."""
+        p = self._progress
+        if p is None or items <= 0:
+            return self.state_dict()
+        held = dataclasses.replace(p)
+        held.give_back(items, batches=self.batch_size is not None)
+        return self._current_state(held).to_dict()
 
     def __repr__(self) -> str:
         return (
@@ -463,3 +527,18 @@ def _worker_skip(spec: _Spec, world: World) -> int:
             "or use StreamingDataLoader, whose state fits any",
         )
     return r.chunks
+
+
+def _check_int(name: str, value: Any, minimum: int | None, *, optional: bool = False) -> Any:
+    """``value`` as an int of at least ``minimum``; TypeError for another type (a bool,
+    a float, a string), BadInputError for one too small."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        expected = "an int or None" if optional else "an int"
+        raise TypeError(f"{name} must be {expected}, not {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise BadInputError(
+            f"{name}={value}", subject=name, hint=f"use {minimum} or more" + (", or None" if optional else "")
+        )
+    return int(value)

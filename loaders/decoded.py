@@ -31,6 +31,7 @@ __all__ = [
     "DecodedShard",
     "GatheredRows",
     "batch_from_pieces",
+    "join_pieces",
     "samples_from_pieces",
     "select_columns",
     "slice_rows",
@@ -311,7 +312,8 @@ def _by_chunk(
     return groups, order
 
 
-def _join(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
+def join_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
+    """Consecutive pieces as one piece per column."""
     if len(parts) == 1:
         return parts[0]
     try:
@@ -322,7 +324,7 @@ def _join(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
 
 def batch_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> dict[str, Any]:
     """A batch dict (tensors, lists) from consecutive pieces."""
-    joined = _join(kinds, parts)
+    joined = join_pieces(kinds, parts)
     out: dict[str, Any] = {}
     for name, kind in kinds.items():
         kind.emit(name, joined[name], out)
@@ -331,7 +333,7 @@ def batch_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> dict[s
 
 def samples_from_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> list[dict[str, Any]]:
     """One dict per row from consecutive pieces."""
-    joined = _join(kinds, parts)
+    joined = join_pieces(kinds, parts)
     names = list(kinds)
     values = [kinds[n].emit_samples(joined[n]) for n in names]
     return [dict(zip(names, row)) for row in zip(*values)]

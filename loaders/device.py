@@ -6,8 +6,10 @@ wraps a loader: while training works on batch ``k`` on the current CUDA stream, 
 stream; the current stream waits for that copy only when the batch is handed out, and
 each tensor is marked as used by the current stream so its memory is not reused early.
 
-On a machine without CUDA, or for a CPU device, both are no-ops: batches pass through
-unchanged and nothing is read ahead.
+On a machine without CUDA, or for a CPU device, nothing is copied: ``to_device`` returns
+the batch, ``DevicePrefetcher`` hands out the loader's batches unchanged (reading one
+ahead, through the same loop, so what it counts as delivered does not depend on the
+device).
 """
 
 from __future__ import annotations
@@ -58,45 +60,91 @@ def to_device(batch: Any, device: torch.device | str | None = None, *, non_block
 class DevicePrefetcher:
     """Iterate ``loader`` with batches already on ``device``, copied one batch ahead.
 
-    ``state_dict()`` / ``load_state_dict()`` pass through to the loader, leaving out the
-    batch held ahead (it was not delivered to training yet).
+    A batch counts as delivered once it is handed out: ``state_dict()`` leaves out the
+    batch held ahead, and when the loop stops early (``break``, an error) the loader (a
+    :class:`~loaders.StreamingDataLoader` or :class:`~loaders.StreamingDataset`) takes
+    that batch back, so ``state_dict()`` and the next iteration go on from the first
+    batch not handed out. Without CUDA (or for a CPU device) the same loop runs with no
+    copy: batches pass through unchanged, one read ahead.
     """
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str | None = None) -> None:
         self.loader = loader
         self.device = _resolve(device)
         self.active = self.device.type == "cuda" and torch.cuda.is_available()
-        self._held = 0
+        self._held = 0  # batches taken from the loader and not handed out yet
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        if not self.active:
-            yield from self.loader
-            return
-        stream = torch.cuda.Stream(device=self.device)
+        transfer = _CudaTransfer(self.device) if self.active else _NoTransfer()
         batches = iter(self.loader)
-
-        def start_copy(batch: Any) -> Any:
-            with torch.cuda.stream(stream):
-                return _map_tensors(batch, self._copy)
-
+        self._held = 0
         try:
-            nxt = next(batches, _END)
-            pending = _END if nxt is _END else start_copy(nxt)
-            self._held = 0 if pending is _END else 1
+            pending = self._take(batches, transfer)
             while pending is not _END:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(stream)
-                _map_tensors(pending, functools.partial(_record, stream=current))
-                ready = pending
-                nxt = next(batches, _END)
-                pending = _END if nxt is _END else start_copy(nxt)
-                self._held = 0 if pending is _END else 1
+                ready = transfer.finish(pending)
+                pending = self._take(batches, transfer)
+                self._held -= 1  # ``ready`` is handed out: delivered
                 yield ready
         finally:
+            _close(batches)  # the loader's iteration is over before it takes a batch back
+            if self._held:
+                give_back = getattr(self.loader, "_give_back", None)
+                if give_back is not None:
+                    give_back(self._held)
             self._held = 0
+
+    def _take(self, batches: Iterator[Any], transfer: _Transfer) -> Any:
+        """The next batch of the loader, its copy started (``_END`` after the last)."""
+        batch = next(batches, _END)
+        if batch is _END:
+            return _END
+        self._held += 1
+        return transfer.start(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state, without the batch read ahead."""
+        holding_back = getattr(self.loader, "_state_dict_holding_back", None)
+        if holding_back is not None:
+            return holding_back(self._held)  # type: ignore[no-any-return]
+        return self.loader.state_dict()  # type: ignore[attr-defined,no-any-return]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Pass ``state`` to the loader."""
+        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+class _Transfer:
+    """How a batch reaches the device: ``start`` the copy, ``finish`` it before handing out."""
+
+    def start(self, batch: Any) -> Any:
+        return batch
+
+    def finish(self, pending: Any) -> Any:
+        return pending
+
+
+class _NoTransfer(_Transfer):
+    """No device to copy to: batches pass through unchanged."""
+
+
+class _CudaTransfer(_Transfer):
+    """Copies from pinned memory on a side stream; the current stream waits at hand-out."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def start(self, batch: Any) -> Any:
+        with torch.cuda.stream(self.stream):
+            return _map_tensors(batch, self._copy)
+
+    def finish(self, pending: Any) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        return _map_tensors(pending, functools.partial(_record, stream=current))
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "cpu":
@@ -105,16 +153,11 @@ class DevicePrefetcher:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's state, without the batch read ahead."""
-        holding_back = getattr(self.loader, "_state_dict_holding_back", None)
-        if holding_back is not None:
-            return holding_back(self._held)
-        return self.loader.state_dict()  # type: ignore[attr-defined]
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Pass ``state`` to the loader."""
-        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+def _close(iterator: Iterator[Any]) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
 def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -29,7 +29,7 @@ _FOOTER_BYTES = 64 << 10
 class ArrowFileSource:
     """Arrow IPC files as the shards of one version, in the order given.
 
-    Picklable and fork-safe (it holds paths only), so DataLoader workers can use it.
+    Picklable and fork-safe (it holds paths and a schema), so DataLoader workers can use it.
     """
 
     def __init__(self, paths: Sequence[str | os.PathLike[str]], *, version_id: str | None = None) -> None:
@@ -37,15 +37,20 @@ class ArrowFileSource:
         if len(set(self.paths)) != len(self.paths):
             raise BadInputError("the same file is listed twice", subject="paths")
         counts = []
+        schemas = []
         for path in self.paths:
             try:
                 with pa.memory_map(path) as f:
-                    counts.append(pa.ipc.open_file(f).count_rows())
+                    reader = pa.ipc.open_file(f)
+                    counts.append(reader.count_rows())
+                    schemas.append(reader.schema)
             except FileNotFoundError:
                 raise NotFoundError("shard file does not exist", subject=path) from None
             except pa.ArrowInvalid as e:
                 raise BadInputError(f"not an Arrow IPC file: {e}", subject=path) from e
         self.shards: list[tuple[str, int]] = list(zip(self.paths, counts))
+        #: the first file's schema (the loader checks the columns it is asked for against it)
+        self.schema: pa.Schema | None = schemas[0] if schemas else None
         self.version_id = version_id if version_id is not None else self._fingerprint()
 
     @classmethod

@@ -17,20 +17,43 @@ Optionally, ``drop_pages(shard_id)``: the source read ``shard_id`` from a shared
 mapping, and may unmap this process's resident pages of it (tables read from it stay
 valid); the loader calls it as it moves past the shard's records, so that its RSS
 follows the rows it is reading, not the size of the shards it holds.
+
+Also optional (:func:`source_schema`, :func:`chunk_reader`):
+
+- ``schema``: the version's ``pa.Schema`` (hidden ``__`` columns may be left out); with
+  it the dataset checks the columns it is asked for when it is made, not when the
+  first shard is read.
+- ``read_chunks(chunk_ids, size, subject)``: the bytes of a big value of a ``files``
+  dataset, stored as content-defined chunks (see :mod:`loaders.selection`), each
+  verified against its id.
+
+A repository's source (``datastore.RepoShardSource``) has both: the schema from its
+version record, the chunks through its tiered cache.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from cachetier.errors import UsageError
 
-__all__ = ["ShardSource", "loader_memory_pool", "open_source", "use_loader_memory_pool"]
+__all__ = [
+    "ChunkReader",
+    "ShardSource",
+    "chunk_reader",
+    "loader_memory_pool",
+    "open_source",
+    "source_schema",
+    "use_loader_memory_pool",
+]
+
+#: ``read(chunk_ids, size, subject) -> bytes``: a big value reassembled from its chunks
+ChunkReader = Callable[[Sequence[str], "int | None", str], bytes]
 
 
 @runtime_checkable
@@ -103,3 +126,16 @@ def open_source(repo_or_url: Any, ref: str, cache: Any) -> ShardSource:
             subject=str(repo_or_url),
         )
     return source
+
+
+def source_schema(source: ShardSource) -> pa.Schema | None:
+    """The schema of ``source``'s version (its optional ``schema``), or None when the source
+    cannot tell without reading a shard."""
+    schema = getattr(source, "schema", None)
+    return schema if isinstance(schema, pa.Schema) else None
+
+
+def chunk_reader(source: ShardSource) -> ChunkReader | None:
+    """How ``source`` reads the chunks of a big value (its optional ``read_chunks``; None: it cannot)."""
+    own = getattr(source, "read_chunks", None)
+    return own if callable(own) else None

@@ -7,12 +7,15 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import ArrowFileSource, StreamingDataset
+from cachetier.config import CacheConfig
+from datastore import Repo
+from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
 from loaders.decoded import DecodedShard, GatheredRows, batch_from_pieces, slice_rows
 
 
@@ -79,6 +82,55 @@ def test_shuffled_batches_gather_the_same_values(typed_source):
         for i, v, r in zip(batch["i8"].tolist(), batch["img"], batch["ragged_lengths"].tolist()):
             rows[i] = (v.tolist(), r)
     assert rows == {1: ([[1, 2], [3, 4]], 1), -2: ([[5, 6], [7, 8]], 0), 3: ([[9, 10], [11, 12]], 3)}
+
+
+@pytest.fixture
+def bool_repo(tmp_path):
+    table = pa.table(
+        {
+            "id": pa.array(range(6), pa.int64()),
+            "b": pa.array([True, None, False, None, True, True], pa.bool_()),
+            "lb": pa.array(
+                [[True, None], None, [None, False, True], [], [None], [True]], pa.list_(pa.bool_())
+            ),
+        }
+    )
+    pq.write_table(table, tmp_path / "bools.parquet")
+    repo = Repo.init(tmp_path / "repo", workspace=None)
+    repo.ingest(tmp_path / "bools.parquet")
+    repo.commit("bools")
+    cache = CacheConfig(
+        dir=tmp_path / "cache", ram_dir=tmp_path / "ram", ram_bytes=8 << 20, ssd_bytes=8 << 20
+    )
+    return str(tmp_path / "repo"), cache
+
+
+B = [True, False, False, False, True, True]
+LB = [[True, False], [], [False, False, True], [], [False], [True]]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_nulls_in_boolean_columns_and_lists_become_false(bool_repo, shuffle):
+    repo, cache = bool_repo
+    (batch,) = list(StreamingDataset(repo, cache=cache, batch_size=6, shuffle=shuffle))
+    order = batch["id"].tolist()
+    assert batch["b"].dtype == torch.bool and batch["b"].tolist() == [B[i] for i in order]
+    assert batch["lb"].dtype == torch.bool
+    assert batch["lb_lengths"].tolist() == [len(LB[i]) for i in order]
+    for row, n, i in zip(batch["lb"].tolist(), batch["lb_lengths"].tolist(), order):
+        assert row[:n] == LB[i] and not any(row[n:])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nulls_in_boolean_columns_per_sample_through_the_default_collate(bool_repo, num_workers):
+    repo, cache = bool_repo
+    samples = list(StreamingDataset(repo, cache=cache))
+    assert [s["b"] for s in samples] == B
+    assert [s["lb"].tolist() for s in samples] == LB
+    loader = StreamingDataLoader(
+        StreamingDataset(repo, cache=cache, columns=["b"]), batch_size=3, num_workers=num_workers
+    )
+    assert [v for batch in loader for v in batch["b"].tolist()] == B
 
 
 def _shard(index: int, values: list[int], cuts: list[int]) -> DecodedShard:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -315,3 +316,84 @@ def test_device_prefetcher_is_a_pass_through_without_a_gpu(source):
     if not device.active:
         assert device.state_dict()["consumed"] == 32
     del it
+
+
+_TORCH_LEN_WARNING = "Length of IterableDataset"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_mode", [True, False])
+def test_len_is_what_the_next_iteration_yields(source, total_records, num_workers, batch_mode):
+    def make() -> StreamingDataLoader:
+        if batch_mode:
+            return StreamingDataLoader(
+                StreamingDataset(source, shuffle=True, batch_size=10), num_workers=num_workers
+            )
+        return StreamingDataLoader(
+            StreamingDataset(source, columns=["id", "text"], shuffle=True),
+            batch_size=10,
+            num_workers=num_workers,
+        )
+
+    full = -(-total_records // 10)
+    loader = make()
+    assert len(loader) == full
+    it = iter(loader)
+    take(it, 4)
+    assert len(loader) == full, "while an iteration runs, its length is the whole iteration's"
+    del it  # a consumer that stopped after 4 batches
+    assert len(loader) == full - 4
+    assert len(loader.streaming_dataset) == (full - 4 if batch_mode else total_records - 40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rest = []
+        for batch in loader:  # torch compares what it fetched with the len it last read
+            rest.append(batch)
+            assert len(loader) == full - 4
+    assert not [w for w in caught if _TORCH_LEN_WARNING in str(w.message)]
+    assert len(rest) == full - 4
+    assert len(loader) == full, "after a finished epoch: the whole next one"
+    assert len(list(loader)) == full
+    end = loader.state_dict()
+    assert end["consumed"] == total_records
+    fresh = make()
+    fresh.load_state_dict(end)  # saved at the end of an epoch: the next one is whole
+    assert len(fresh) == full
+    assert len(list(fresh)) == full and fresh.streaming_dataset.epoch == 2
+
+
+def _prefetched(source, num_workers: int | None) -> tuple[object, DevicePrefetcher]:
+    """A batch-mode loader (``num_workers`` None: the dataset itself) behind a CPU prefetcher,
+    which runs the same read-ahead loop as on a GPU, without the copies."""
+    ds = StreamingDataset(source, shuffle=True, seed=2, batch_size=10)
+    loader = ds if num_workers is None else StreamingDataLoader(ds, num_workers=num_workers)
+    return loader, DevicePrefetcher(loader, "cpu")
+
+
+@pytest.mark.parametrize("num_workers", [None, 0, 2])
+def test_device_prefetcher_counts_a_batch_once_handed_out_even_after_a_break(source, num_workers):
+    expected = ids_of(_prefetched(source, num_workers)[1])
+    loader, device = _prefetched(source, num_workers)
+    seen = []
+    for i, batch in enumerate(device):
+        seen += batch["id"].tolist()
+        if i == 4:
+            inside = device.state_dict()
+            break
+    assert inside["consumed"] == 50
+    assert device.state_dict()["consumed"] == loader.state_dict()["consumed"] == 50, (
+        "the batch read ahead was lost"
+    )
+    resumed = _prefetched(source, num_workers)[1]
+    resumed.load_state_dict(device.state_dict())
+    assert seen + ids_of(resumed) == expected
+    assert seen + ids_of(device) == expected, "re-iterating skipped the batch read ahead"
+
+
+def test_device_prefetcher_gives_back_the_batch_read_ahead_when_training_fails(source):
+    loader, device = _prefetched(source, 0)
+    with pytest.raises(RuntimeError, match="step failed"):
+        for i, _ in enumerate(device):
+            if i == 2:
+                raise RuntimeError("step failed")
+    assert loader.state_dict()["consumed"] == 30  # batches 0-2 were handed out; batch 3 was not

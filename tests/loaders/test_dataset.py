@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loaders.dataset as dataset_module
+from cachetier.config import CacheConfig
 from cachetier.errors import BadInputError, UsageError
+from datastore import Repo
 from loaders import ArrowFileSource, StreamingDataset
 from loaders.decoded import DecodedShard
 from tests.loaders._shards import IpcShardSource, write_shards
@@ -304,3 +308,88 @@ def test_arrow_file_source_reads_files_and_fingerprints_them(source, total_recor
     table = files.read_shard(source.paths[0], ["text", "id"])
     assert table.column_names == ["text", "id"]
     assert np.array_equal(table["id"].to_numpy(), np.arange(len(table)))
+
+
+@pytest.mark.parametrize("batch_size", [None, 10])
+def test_len_is_what_the_next_iteration_of_the_dataset_yields(source, total_records, batch_size):
+    full = -(-total_records // 10) if batch_size else total_records
+    ds = StreamingDataset(source, shuffle=True, batch_size=batch_size)
+    assert len(ds) == full
+    it = iter(ds)
+    first = [next(it) for _ in range(7)]
+    assert len(ds) == full, "while an iteration runs, its length is the whole iteration's"
+    del it  # stopped after 7 items
+    assert len(ds) == full - 7
+    rest = list(ds)
+    assert len(rest) == full - 7 and sorted(ids_of(first + rest)) == list(range(total_records))
+    assert len(ds) == full, "after a finished epoch: the whole next one"
+    end = ds.state_dict()
+    assert (end["epoch"], end["consumed"]) == (0, total_records)
+    fresh = StreamingDataset(source, shuffle=True, batch_size=batch_size)
+    fresh.load_state_dict(end)
+    assert len(fresh) == full
+    assert len(list(fresh)) == full and fresh.epoch == 1
+
+
+def _repo(tmp_path, table: pa.Table) -> tuple[str, CacheConfig]:
+    pq.write_table(table, tmp_path / "data.parquet")
+    repo = Repo.init(tmp_path / "repo", workspace=None)
+    repo.ingest(tmp_path / "data.parquet")
+    repo.commit("data")
+    return str(tmp_path / "repo"), CacheConfig(
+        dir=tmp_path / "cache", ram_dir=tmp_path / "ram", ram_bytes=8 << 20
+    )
+
+
+def test_a_single_column_name_is_one_column(tmp_path):
+    repo, cache = _repo(tmp_path, pa.table({"id": list(range(5)), "text": list("abcde")}))
+    (batch,) = list(StreamingDataset(repo, cache=cache, columns="id", batch_size=5))
+    assert set(batch) == {"id"} and batch["id"].tolist() == list(range(5))
+    assert [s["text"] for s in StreamingDataset(repo, cache=cache, columns="text")] == list("abcde")
+
+
+def test_bad_columns_are_refused_when_the_dataset_is_made(tmp_path):
+    repo, cache = _repo(tmp_path, pa.table({"id": list(range(5)), "text": list("abcde")}))
+    with pytest.raises(BadInputError, match="'id' is selected more than once"):
+        StreamingDataset(repo, cache=cache, columns=["id", "text", "id"])
+    with pytest.raises(BadInputError, match=r"'nope' is not in this version.*available columns: id, text"):
+        StreamingDataset(repo, cache=cache, columns=["id", "nope"])
+    with pytest.raises(TypeError, match="columns"):
+        StreamingDataset(repo, cache=cache, columns=5)
+    with pytest.raises(BadInputError, match="columns"):
+        StreamingDataset(repo, cache=cache, columns=["id", 3])
+    hidden = StreamingDataset(repo, cache=cache, columns=["id", "__record_hash"], batch_size=5)
+    assert len(next(iter(hidden))["__record_hash"]) == 5, "hidden columns stay selectable by name"
+
+
+def test_an_unknown_column_of_an_empty_version_is_refused_too(tmp_path):
+    empty = pa.table({"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
+    repo, cache = _repo(tmp_path, empty)
+    assert list(StreamingDataset(repo, cache=cache, columns=["id"])) == []
+    with pytest.raises(BadInputError, match="'nope'"):
+        StreamingDataset(repo, cache=cache, columns=["nope"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [
+        ("batch_size", 2.5, TypeError),
+        ("batch_size", "8", TypeError),
+        ("batch_size", True, TypeError),
+        ("batch_size", 0, BadInputError),
+        ("shuffle_window", 1.5, TypeError),
+        ("shuffle_window", 0, BadInputError),
+        ("seed", "1", TypeError),
+        ("prefetch", None, TypeError),
+        ("transform", "upper", TypeError),
+    ],
+)
+def test_option_types_are_checked_when_the_dataset_is_made(source, option, value, error):
+    with pytest.raises(error, match=option if error is TypeError else f"{option}={value}"):
+        StreamingDataset(source, **{option: value})
+
+
+def test_numpy_integers_are_accepted_as_batch_size(source):
+    ds = StreamingDataset(source, batch_size=np.int64(8))
+    assert ds.batch_size == 8 and type(ds.batch_size) is int
+    assert next(iter(ds))["id"].shape == (8,)
