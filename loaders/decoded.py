@@ -35,6 +35,7 @@ __all__ = [
     "samples_from_pieces",
     "select_columns",
     "slice_rows",
+    "unknown_column",
 ]
 
 Pieces = dict[str, Any]
@@ -53,12 +54,7 @@ def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str
     else:
         missing = [c for c in columns if c not in names]
         if missing:
-            visible = ", ".join(n for n in names if not n.startswith("__"))
-            raise BadInputError(
-                f"column {missing[0]!r} is not in shard {shard_id[:16]}",
-                subject=missing[0],
-                hint=f"available columns: {visible}",
-            )
+            raise unknown_column(missing[0], names, f"shard {shard_id[:16]}")
         keep = list(columns)
     return table if keep == names else table.select(keep)
 
@@ -146,6 +142,14 @@ class DecodedShard:
         if len(rows) and (local.max() >= len(self.kept) or not np.array_equal(self.kept[local], rows)):
             raise RuntimeError(f"shard {self.index} was cut to fewer records than the reader needs")
         return local
+
+
+def unknown_column(name: str, names: list[str], where: str) -> BadInputError:
+    """The error for a column ``name`` that ``where`` (with columns ``names``) lacks."""
+    visible = ", ".join(n for n in names if not n.startswith("__"))
+    return BadInputError(
+        f"column {name!r} is not in {where}", subject=name, hint=f"available columns: {visible}"
+    )
 
 
 def _same_chunks(table: pa.Table) -> pa.Table:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from cachetier.errors import BadInputError, UsageError
 from loaders.columns import Kind
+from loaders.decoded import unknown_column
 from loaders.source import ChunkReader
 
 __all__ = ["CHUNKS", "DATA", "Selection", "check_columns", "is_files_schema", "select"]
@@ -134,12 +135,7 @@ def select(columns: tuple[str, ...] | None, schema: pa.Schema | None) -> Selecti
         # hidden columns are often left out of a version's schema: the shard checks those
         unknown = [c for c in columns if c not in names and not c.startswith("__")]
         if unknown:
-            visible = ", ".join(n for n in names if not n.startswith("__"))
-            raise BadInputError(
-                f"column {unknown[0]!r} is not in this version",
-                subject=unknown[0],
-                hint=f"available columns: {visible}",
-            )
+            raise unknown_column(unknown[0], names, "this version")
     if not is_files_schema(schema):
         return Selection(columns)
     if columns is None:  # every visible column is read, chunks among them
