@@ -1,12 +1,12 @@
 """CSV/TSV reader: pyarrow's streaming CSV reader, Python's csv module only to diagnose.
 
 Types are inferred (null, bool, int64, double, string; dates and times stay strings, so
-they come back as written; a number is a number, so ``00501`` or ``+1555`` comes back as
-501 or 1555.0: keep such identifiers in JSONL or Parquet strings) and widened leniently: a column that meets a value its type
-cannot hold becomes the next type up (int64 → double → string), which restarts the
-ingest with the wider schema (see :mod:`datastore._sourcebase`). Rows with the wrong
-number of fields fail naming their line, or are skipped and counted with
-``on_error="skip"``.
+they come back as written; a number is a number, so ``00501`` or ``+1555`` comes back
+as 501 or 1555.0: keep such identifiers in JSONL or Parquet strings) and widened
+leniently: a column that meets a value its type cannot hold becomes the next type up
+(int64 → double → string), which restarts the ingest with the wider schema (see
+:mod:`datastore._sourcebase`). Rows with the wrong number of fields fail naming their
+line, or are skipped and counted with ``on_error="skip"``.
 """
 
 from __future__ import annotations

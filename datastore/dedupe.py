@@ -203,10 +203,10 @@ def dedup_shards(
         if client is not None
         else parts
     )
-    result = find_duplicates(source, column=column, config=config, client=client)
-    keep = result.keep.copy()
     offsets = np.concatenate([[0], np.cumsum([int(n) for n in table.records])])
-    keep[: offsets[first_affected]] = True
+    found = find_duplicates(source, column=column, config=config, client=client)
+    result = found.keeping_first(int(offsets[first_affected]))
+    keep = result.keep
     options = (
         ShardOptions(shard_size=shard_size, algorithm=repo.algorithm)
         if shard_size

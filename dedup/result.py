@@ -67,6 +67,32 @@ class DedupResult:
         """Indices of the records to drop, ascending (int64)."""
         return self.removed.column("record").to_numpy()
 
+    def keeping_first(self, n: int) -> DedupResult:
+        """This result with the first ``n`` records kept whatever they duplicate (data that
+        is already committed): only later records are removed, counted and audited; the
+        first ``n`` still stand as the representatives of their clusters."""
+        if n <= 0:
+            return self
+        import pyarrow.compute as pc
+
+        keep = self.keep.copy()
+        keep[:n] = True
+        later = pc.greater_equal(self.removed.column("record"), n)
+        removed = self.removed.filter(later)
+        dense = np.unique(removed.column("cluster").to_numpy(), return_inverse=True)[1]
+        removed = removed.set_column(
+            removed.schema.get_field_index("cluster"), "cluster", pa.array(dense.astype(np.int64))
+        )
+        return DedupResult(
+            keep=keep,
+            removed=removed,
+            skipped=self.skipped.filter(pc.greater_equal(self.skipped.column("record"), n)),
+            pairs=self.pairs.filter(pc.greater_equal(self.pairs.column("right"), n)),
+            clusters=int(dense.max()) + 1 if len(dense) else 0,
+            params=self.params,
+            stats=self.stats,
+        )
+
     def summary(self) -> dict[str, Any]:
         """Counts and parameters, JSON-able and small (for a version record)."""
         reasons = self.removed.column("reason").to_pylist()

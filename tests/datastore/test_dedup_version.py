@@ -81,6 +81,31 @@ def test_ingest_with_dedup_records_it_in_the_version(cli, local_url: str, tmp_pa
     assert cli("verify", "--all").code == 0
 
 
+def test_ingest_with_dedup_counts_only_what_it_removes(cli, local_url: str, tmp_path: Path) -> None:
+    # The parent holds 30 duplicates of its own: they stay, and are not counted or audited.
+    docs = [f"document {i} " * 10 for i in range(320)]
+    base = [{"id": i, "text": docs[i]} for i in range(320)] + [
+        {"id": 320 + i, "text": docs[i]} for i in range(30)
+    ]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in base))
+    new = [{"id": 1000 + i, "text": f"fresh text {i} " * 10} for i in range(50)]
+    again = [{"id": 2000 + i, "text": docs[100 + i]} for i in range(7)]  # copies of the parent's
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new + again))
+    assert cli("init", local_url).code == 0
+    cli("ingest", tmp_path / "a.jsonl")
+    cli("version", "-m", "base")
+    staged = cli("ingest", tmp_path / "b.jsonl", "--dedup", "exact", "--json").json
+    assert staged["dedup"]["removed_records"] == 7 and staged["dedup"]["clusters"] == 7
+    v = cli("version", "-m", "more", "--json").json
+    assert v["records"] == 350 + 50
+    assert v["operation"]["result"]["removed_records"] == 7
+    repo = Repo.open(workspace=cli.project)
+    audit = pq.read_table(io.BytesIO(repo.objects.get(v["operation"]["audit"])))
+    removed = audit.filter(audit.column("action").to_numpy(zero_copy_only=False) == "removed")
+    assert sorted(removed.column("record").to_pylist()) == list(range(400, 407))
+    assert sorted(removed.column("representative").to_pylist()) == list(range(100, 107))
+
+
 def test_dedup_on_a_dask_cluster_matches_one_process(local_url: str, tmp_path: Path) -> None:
     src = tmp_path / "c.jsonl"
     write_sample_jsonl(src, 2000, seed=9, duplicate_rate=0.2)
