@@ -36,6 +36,7 @@ TAGS_PREFIX = "refs/tags/"
 MIN_PREFIX = 4
 _MAX_NAME = 200
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+_VERSION_ID = re.compile(r"[0-9a-f]{64}")
 _HEX = re.compile(r"[0-9a-f]+")
 _ANCESTRY = re.compile(r"~(\d*)$")
 _UNKNOWN_HINT = "list branches with `dataset branch`, history with `dataset log`"
@@ -130,8 +131,10 @@ class RefStore:
             raise self._moved(name, expected, self._read(key)) from e
 
     def create_branch(self, name: str, version_id: str) -> None:
-        """Create branch ``name`` at ``version_id``; UsageError if it exists (or clashes with one)."""
+        """Create branch ``name`` at ``version_id``; UsageError if it exists (or clashes with one,
+        or with a tag: see :meth:`_check_unambiguous`)."""
         validate_ref_name(name, "branch")
+        self._check_unambiguous(name, "branch")
         self._check_path_clash(BRANCHES_PREFIX, name, "branch")
         try:
             self.set_branch(name, version_id, None)
@@ -162,6 +165,7 @@ class RefStore:
     def create_tag(self, name: str, version_id: str) -> None:
         """Create tag ``name`` at ``version_id``; tags never move, so an existing one is a UsageError."""
         key = TAGS_PREFIX + validate_ref_name(name, "tag")
+        self._check_unambiguous(name, "tag")
         self._check_path_clash(TAGS_PREFIX, name, "tag")
         self._require_version(version_id)
         self._require_cas()
@@ -173,6 +177,25 @@ class RefStore:
                 subject=f"tag {name!r}",
                 hint="tags never move; pick another name",
             ) from None
+
+    def _check_unambiguous(self, name: str, kind: str) -> None:
+        """Refuse a new ref name that would resolve two ways: ``HEAD``, a whole version id,
+        or the name of a ref of the other kind (branches win over tags, so either would
+        hide the other)."""
+        if name == "HEAD" or _VERSION_ID.fullmatch(name):
+            what = "HEAD" if name == "HEAD" else "a version id"
+            raise UsageError(
+                f"{kind} name {name!r} is {what}, which refs already name",
+                subject=name,
+                hint="pick another name",
+            )
+        other, prefix = ("tag", TAGS_PREFIX) if kind == "branch" else ("branch", BRANCHES_PREFIX)
+        if self._read(prefix + name) is not None:
+            raise UsageError(
+                f"a {other} named {name!r} exists: a {kind} of that name would make {name!r} ambiguous",
+                subject=name,
+                hint="pick another name",
+            )
 
     def list_tags(self) -> dict[str, str]:
         """Return ``{tag name: version id}`` sorted by name."""

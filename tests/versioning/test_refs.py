@@ -112,6 +112,26 @@ def test_create_branch_twice_and_path_clash(refs, chain):
         refs.create_branch("team", chain[1])
 
 
+def test_names_that_would_resolve_two_ways_are_refused(refs, chain):
+    v0, v1, _ = chain
+    refs.create_tag("v1", v1)
+    refs.create_branch("main", v0)
+    for make, name in [
+        (refs.create_branch, "HEAD"),
+        (refs.create_tag, "HEAD"),
+        (refs.create_branch, v1),  # a whole version id
+        (refs.create_tag, v0),
+        (refs.create_branch, "v1"),  # a tag's name
+        (refs.create_tag, "main"),  # a branch's name
+    ]:
+        with pytest.raises(UsageError, match=repr(name)):
+            make(name, v0)
+    assert refs.list_branches() == {"main": v0} and refs.list_tags() == {"v1": v1}
+    assert refs.resolve(v1) == v1 and refs.resolve("v1") == v1
+    refs.create_branch(v1[:12], v0)  # a short prefix may be a name: branches win (as in git)
+    assert refs.resolve(v1[:12]) == v0
+
+
 def test_tags_never_move(refs, chain):
     refs.create_tag("v1", chain[1])
     assert refs.get_tag("v1") == chain[1]
