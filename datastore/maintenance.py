@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cachetier.errors import IntegrityError, NotFoundError, TierdataError
-from versioning import UnreachableItem, load_shard_table, load_version, reachable, unreachable
+from versioning import UnreachableItem, VersionRecord, load_shard_table, load_version, unreachable
 
 if TYPE_CHECKING:
     from datastore.repo import Repo
@@ -28,29 +28,22 @@ def verify(repo: Repo, version: str | None) -> dict[str, Any]:
     """Check ``version`` (None: every version some branch or tag reaches).
 
     Returns ``{"ok", "versions", "objects", "bytes", "problems"}``; each problem is
-    ``{"object", "kind", "problem" (missing | corrupt), "message"}``.
+    ``{"object", "kind", "problem" (missing | corrupt), "message"}``. Every problem is
+    listed: a ref, version record or shard table that cannot be read is one, and the
+    walk goes on with the rest.
     """
     problems: list[dict[str, str]] = []
-    if version is None:
-        live = reachable(repo.store, repo.objects)
-        versions = sorted(live.versions)
-    else:
-        versions = [version]
+    records = _versions_to_verify(repo, version, problems)
     wanted: dict[str, str] = {}
-    for vid in versions:
-        try:
-            record = load_version(repo.store, vid, algorithm=repo.algorithm)
-        except (NotFoundError, IntegrityError) as e:
-            problems.append(_problem(vid, "version", e))
-            continue
+    for record in records.values():
         wanted.setdefault(record.data_hash, "shard table")
         if record.operation.get("audit"):
             wanted.setdefault(record.operation["audit"], "audit")
         try:
             table = load_shard_table(repo.objects, record.data_hash)
         except (NotFoundError, IntegrityError) as e:
-            problems.append(_problem(record.data_hash, "shard table", e))
-            wanted.pop(record.data_hash, None)
+            if wanted.pop(record.data_hash, None) is not None:  # once per shard table
+                problems.append(_problem(record.data_hash, "shard table", e))
             continue
         for oid in table.hashes():
             wanted.setdefault(oid, "shard")
@@ -72,11 +65,40 @@ def verify(repo: Repo, version: str | None) -> dict[str, Any]:
                 problems.append(problem)
     return {
         "ok": not problems,
-        "versions": len(versions),
+        "versions": len(records),
         "objects": len(wanted),
         "bytes": total,
         "problems": problems,
     }
+
+
+def _versions_to_verify(
+    repo: Repo, version: str | None, problems: list[dict[str, str]]
+) -> dict[str, VersionRecord]:
+    """The records of ``version``, or of every version the refs reach (following parents);
+    what cannot be read is added to ``problems`` and not followed."""
+    if version is not None:
+        pending = [version]
+    else:
+        roots, bad_refs = repo.refs.scan()
+        problems.extend(_problem(key, "ref", e) for key, e in bad_refs)
+        pending = sorted(set(roots.values()))
+    records: dict[str, VersionRecord] = {}
+    seen: set[str] = set()
+    while pending:
+        vid = pending.pop()
+        if vid in seen:
+            continue
+        seen.add(vid)
+        try:
+            record = load_version(repo.store, vid, algorithm=repo.algorithm)
+        except (NotFoundError, IntegrityError) as e:
+            problems.append(_problem(vid, "version", e))
+            continue
+        records[vid] = record
+        if version is None:
+            pending.extend(record.parents)
+    return dict(sorted(records.items()))
 
 
 def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:

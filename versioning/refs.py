@@ -22,6 +22,7 @@ from cachetier.errors import (
     ConflictError,
     IntegrityError,
     NotFoundError,
+    TierdataError,
     UsageError,
 )
 from cachetier.hashing import DEFAULT_HASH, is_object_id
@@ -271,6 +272,23 @@ class RefStore:
         if not is_object_id(text):
             raise IntegrityError(f"ref does not hold a version id: {text[:80]!r}", subject=key)
         return text
+
+    def scan(self) -> tuple[dict[str, str], list[tuple[str, TierdataError]]]:
+        """Every branch and tag as ``{store key: version id}``, and each ref that cannot be
+        read (a ref file that does not hold a version id) with its error; never raises for one."""
+        found: dict[str, str] = {}
+        bad: list[tuple[str, TierdataError]] = []
+        for prefix in (BRANCHES_PREFIX, TAGS_PREFIX):
+            for name in sorted(self._iter_names(prefix)):
+                key = prefix + name
+                try:
+                    version = self._read(key)
+                except TierdataError as e:
+                    bad.append((key, e))
+                    continue
+                if version is not None:  # deleted while we listed
+                    found[key] = version
+        return found, bad
 
     def _list(self, prefix: str) -> dict[str, str]:
         names = sorted(info.key[len(prefix) :] for info in self.store.list(prefix))

@@ -58,3 +58,37 @@ def test_verify_and_checkout_detect_corruption(cli, local_url: str, tmp_path: Pa
     for part in out.glob("*.jsonl"):
         assert all(canon(line) in original for line in part.read_text().splitlines())
     assert not list(out.glob(".*.tmp"))
+
+
+def test_verify_all_lists_every_problem_of_every_ref(cli, local_url: str, tmp_path: Path) -> None:
+    # A corrupt shard table, a corrupt shard elsewhere and a ref that holds no version id:
+    # verify --all names all three (it stopped at the first unreadable shard table).
+    assert cli("init", local_url).code == 0
+    for name, tag in (("a", ["--tag", "first"]), ("b", [])):
+        write_sample_jsonl(tmp_path / f"{name}.jsonl", 3000, seed=ord(name))
+        cli("ingest", tmp_path / f"{name}.jsonl", "--shard-size", "64KB")
+        assert cli("version", "-m", name, *tag).code == 0
+    repo = Repo.open(workspace=cli.project)
+    first, second = repo.resolve("first"), repo.resolve("main")
+    table_hash = repo.show(second).record.data_hash
+    table_path = Path(local_url) / "objects" / table_hash[:2] / table_hash
+    data = bytearray(table_path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    table_path.write_bytes(bytes(data))
+    shard = repo.shard_table(first).hashes()[0]
+    where = repo.objects.packs.locate(shard)
+    shard_path = Path(local_url) / (pack_key(where.packid) if where else f"objects/{shard[:2]}/{shard}")
+    data = bytearray(shard_path.read_bytes())
+    data[(where.offset + where.length // 2) if where else len(data) // 2] ^= 0xFF
+    shard_path.write_bytes(bytes(data))
+    (Path(local_url) / "refs" / "heads" / "broken").write_text("not a version id\n")
+
+    result = cli("verify", "--all", "--json")
+    assert result.code == 1
+    found = {(p["kind"], p["object"], p["problem"]) for p in result.json["problems"]}
+    assert found == {
+        ("shard table", table_hash, "corrupt"),
+        ("shard", shard, "corrupt"),
+        ("ref", "refs/heads/broken", "corrupt"),
+    }
+    assert result.json["versions"] == 2
