@@ -54,7 +54,10 @@ def parse_size(value: int | str, *, name: str = "size") -> int:
             subject=name,
             hint="use e.g. 1048576, 512MiB, 20G",
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not size < 1 << 63:  # also inf, from a number with hundreds of digits
+        raise BadInputError(f"{name}: {value!r} is too large a byte size", subject=name)
+    return int(size)
 
 
 def _default_dir(xdg_cache_home: str | None = None) -> Path:
@@ -96,9 +99,11 @@ class CacheConfig:
     map_headroom: float = 0.1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dir", Path(self.dir).expanduser().absolute())
+        # Resolved, so every spelling of one folder (relative, "..", a symlink) names one
+        # cache, and one default RAM tier (named after the folder).
+        object.__setattr__(self, "dir", Path(self.dir).expanduser().resolve())
         if self.ram_dir is not None:
-            object.__setattr__(self, "ram_dir", Path(self.ram_dir).expanduser().absolute())
+            object.__setattr__(self, "ram_dir", Path(self.ram_dir).expanduser().resolve())
         for name in ("ram_bytes", "ssd_bytes"):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
         if self.verify not in _VERIFY:

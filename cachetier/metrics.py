@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetier.errors import UsageError
+
 __all__ = [
     "LATENCY_BUCKETS",
     "CacheCounters",
@@ -236,5 +238,12 @@ def serve_metrics(
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(stats))
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise UsageError(
+            f"cannot serve metrics on {host}:{port}: {e.strerror or e}",
+            subject=f"--metrics-port {port}",
+            hint="pick another port (0: any free one)",
+        ) from e
     return MetricsServer(server, thread, server.server_address[1])

@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("ingest", cmd_ingest, "read sources, write shards, stage them")
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "text", "files"])
-    p.add_argument("--shard-size", type=_byte_size, metavar="BYTES", help="target shard size (e.g. 32MB)")
+    p.add_argument(
+        "--shard-size", type=_byte_size(1), metavar="BYTES", help="target shard size (e.g. 32MiB; 1MB = 10^6)"
+    )
     p.add_argument("--text-column", metavar="COL")
     p.add_argument("--on-error", default="fail", choices=["fail", "skip"])
     p.add_argument("--dedup", default="none", choices=["none", "exact", "minhash"])
@@ -125,11 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--message", help="the version message")
     p.add_argument("--tag", metavar="T", help="also tag the new version")
     p.add_argument("--replace", action="store_true", help="replace the parent's data instead of appending")
-    p.add_argument("-n", "--limit", type=int)
+    p.add_argument("-n", "--limit", type=_count)
 
     p = command("log", cmd_log, "history of REF (default HEAD)")
     p.add_argument("ref", nargs="?")
-    p.add_argument("-n", "--limit", type=int)
+    p.add_argument("-n", "--limit", type=_count)
 
     p = command("show", cmd_show, "one version")
     p.add_argument("ref", nargs="?")
@@ -159,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("dedup", cmd_dedup, "new version without duplicates, with an audit of what was removed")
     p.add_argument("ref", nargs="?", help="the version to deduplicate (default HEAD)")
     p.add_argument("--method", default="minhash", choices=["exact", "minhash"])
-    p.add_argument("--threshold", type=float, default=0.8, help="Jaccard threshold for near duplicates")
+    p.add_argument(
+        "--threshold", type=_fraction, default=0.8, help="Jaccard threshold for near duplicates, in (0, 1]"
+    )
     p.add_argument("--num-perm", type=int, default=128)
     p.add_argument("--text-column", metavar="COL")
     p.add_argument("--scheduler", metavar="ADDR", help="a dask.distributed scheduler (tcp://host:8786)")
@@ -168,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cache", cmd_cache, "the node cache: stats | warm REF | evict | serve")
     p.add_argument("action", choices=["stats", "warm", "evict", "serve"])
     p.add_argument("ref", nargs="?", help="with warm: the version to fetch ahead (default HEAD)")
-    p.add_argument("--ram-bytes", type=_byte_size, metavar="N")
-    p.add_argument("--ssd-bytes", type=_byte_size, metavar="N")
+    p.add_argument("--ram-bytes", type=_byte_size(0), metavar="N", help="RAM tier budget (0: no RAM tier)")
+    p.add_argument("--ssd-bytes", type=_byte_size(0), metavar="N", help="SSD tier budget (0: no SSD tier)")
     p.add_argument("--cache-dir", metavar="D")
     p.add_argument("--tier", choices=["ram", "ssd"], help="warm/evict: one tier (warm default: ssd)")
     p.add_argument(
@@ -185,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("gc", cmd_gc, "delete unreferenced objects older than the grace period")
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS", help="default 3600")
+    p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS", help="default 3600")
 
     return parser
 
@@ -203,35 +207,65 @@ def _common_options(default: Any) -> argparse.ArgumentParser:
 def _in_dir(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> Any:
         if args.chdir:
-            os.chdir(args.chdir)
+            try:
+                os.chdir(args.chdir)
+            except OSError as e:
+                from cachetier.errors import UsageError
+
+                raise UsageError(f"cannot change into it: {e.strerror}", subject=f"-C {args.chdir}") from e
         return handler(args)
 
     return run
 
 
-def _byte_size(text: str) -> int:
-    units = {
-        "": 1,
-        "B": 1,
-        "K": 1 << 10,
-        "KB": 1 << 10,
-        "KIB": 1 << 10,
-        "M": 1 << 20,
-        "MB": 1 << 20,
-        "MIB": 1 << 20,
-        "G": 1 << 30,
-        "GB": 1 << 30,
-        "GIB": 1 << 30,
-    }
-    raw = text.strip().upper()
-    number = raw.rstrip("KMGIB")
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
     try:
-        value = float(number) * units[raw[len(number) :]]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 33554432, 32MB, 1GiB)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"byte size must be positive: {text!r}")
-    return int(value)
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
+    return value
+
+
+def _byte_size(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a byte size read by :func:`cachetier.parse_size`, at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        from cachetier.config import parse_size
+
+        try:
+            value = parse_size(text, name="size")
+        except TierdataError as e:
+            raise argparse.ArgumentTypeError(f"{e.message} (e.g. 33554432, 32MiB, 1GB)") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"byte size must be at least {minimum}: {text!r}")
+        return value
+
+    return parse
 
 
 def _open() -> Any:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cachetier.errors import BadInputError
+from cachetier.errors import BadInputError, StoreUnavailableError
 from datastore._pipeline import Uploader
 from datastore.recordhash import hash_records
 from datastore.shards import PendingShard, ShardOptions, encode_shard, read_shard
@@ -145,7 +145,13 @@ def dask_client(scheduler: str | None, client: Any) -> Iterator[Any]:
 
     from dedup import tune_worker_malloc
 
-    with Client(scheduler) as connected:
+    try:
+        connected = Client(scheduler, timeout="10s")
+    except OSError as e:  # dask raises OSError (a TimeoutError) when no scheduler answers
+        raise StoreUnavailableError(
+            f"cannot reach the dask scheduler: {e}", subject=scheduler, hint="is the scheduler running there?"
+        ) from e
+    with connected:
         tune_worker_malloc(connected)  # dask's MALLOC_TRIM_THRESHOLD_ doubles the CPU per document
         yield connected
 

@@ -105,6 +105,8 @@ class Repo:
         writing ``.dataset/``. ``options`` go to the store backend (e.g. ``endpoint``).
         """
         url = normalize_url(os.fspath(url))
+        if workspace is not None:
+            Workspace.check_repoint(workspace, url)  # before anything is created
         store = open_store(url, **options)
         ensure_bucket = getattr(store, "ensure_bucket", None)
         if ensure_bucket is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachetier.errors import BadInputError, NotFoundError
+from cachetier.errors import BadInputError, NotFoundError, UsageError
 
 __all__ = ["WORKSPACE_DIR", "Head", "Workspace", "find_workspace"]
 
@@ -72,15 +72,30 @@ class Workspace:
     def create(
         cls, root: str | os.PathLike[str], repo_url: str, *, settings: dict[str, Any] | None = None
     ) -> Workspace:
-        """Write a new workspace (or re-point an existing one at ``repo_url``)."""
+        """Write a new workspace (or re-point an existing one at ``repo_url``: see
+        :meth:`check_repoint`)."""
         ws = cls(Path(root).absolute(), repo_url, settings=dict(settings or {}))
-        existing = ws.dir / "config.json"
-        if existing.exists():
-            old = cls.load(ws.root)
-            if old.repo_url == repo_url:
-                ws.head, ws.settings = old.head, {**old.settings, **ws.settings}
+        old = cls.check_repoint(root, repo_url)
+        if old is not None and old.repo_url == repo_url:
+            ws.head, ws.settings = old.head, {**old.settings, **ws.settings}
         ws.save()
         return ws
+
+    @classmethod
+    def check_repoint(cls, root: str | os.PathLike[str], repo_url: str) -> Workspace | None:
+        """The workspace in ``root`` (None if there is none), if it may be pointed at
+        ``repo_url``; UsageError if it holds staged data of another repository (its
+        shards live there: they could never be committed here)."""
+        if not (Path(root).absolute() / WORKSPACE_DIR / "config.json").exists():
+            return None
+        old = cls.load(root)
+        if old.repo_url != repo_url and old.read_staged():
+            raise UsageError(
+                f"this workspace has staged data for {old.repo_url}",
+                subject=str(old.root),
+                hint="commit it there first, or drop it with `dataset reset`",
+            )
+        return old
 
     @classmethod
     def load(cls, root: str | os.PathLike[str]) -> Workspace:

@@ -18,7 +18,7 @@ TIER_KEYS = {"bytes_used", "budget", "hits", "misses", "evictions"}
 def test_cache_commands(cli, local_url: str, tmp_path: Path) -> None:
     src = tmp_path / "c.jsonl"
     write_sample_jsonl(src, 4000, seed=3)
-    cache = ["--cache-dir", tmp_path / "cache", "--ram-bytes", "8MB", "--ssd-bytes", "64MB"]
+    cache = ["--cache-dir", tmp_path / "cache", "--ram-bytes", "8MiB", "--ssd-bytes", "64MiB"]
     assert cli("init", local_url).code == 0
     cli("ingest", src, "--shard-size", "128KB")
     cli("version", "-m", "v")
