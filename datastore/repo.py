@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -45,6 +46,8 @@ from versioning import (
     validate_ref_name,
 )
 from versioning import diff as diff_versions
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_BRANCH", "Repo", "VersionInfo", "schema_from_dict", "schema_to_dict"]
 
@@ -486,7 +489,13 @@ class Repo:
         """
         from datastore.dedupe import dedup_version
 
-        self._require_branch("dedup")
+        branch = self._require_branch("dedup")
+        if ref is not None and self.resolve(ref) != self.head_version:
+            _logger.warning(
+                "the new version on branch %r holds %s's data without duplicates, not the branch head's",
+                branch,
+                ref,
+            )
         return dedup_version(
             self,
             ref,

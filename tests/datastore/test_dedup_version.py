@@ -17,7 +17,7 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_dedup_makes_an_audited_version(cli, repo_url: str, tmp_path: Path) -> None:
+def test_dedup_makes_an_audited_version(cli, repo_url: str, tmp_path: Path, caplog) -> None:
     src = tmp_path / "c.jsonl"
     write_sample_jsonl(src, 3000, seed=2, duplicate_rate=0.2)
     assert cli("init", repo_url).code == 0
@@ -56,8 +56,10 @@ def test_dedup_makes_an_audited_version(cli, repo_url: str, tmp_path: Path) -> N
     assert len(texts) == len(set(texts))  # no exact duplicate survives
     assert cli("verify", "--all", "--json").json["ok"]
 
-    exact = cli("dedup", raw["version"], "--method", "exact", "--json").json
+    exact_run = cli("dedup", raw["version"], "--method", "exact", "--json")
+    exact = exact_run.json
     assert 0 < exact["removed_records"] <= result["removed_records"]
+    assert "not the branch head's" in caplog.text  # main moves back to raw's data: said so
 
 
 def test_ingest_with_dedup_records_it_in_the_version(cli, local_url: str, tmp_path: Path) -> None:
