@@ -23,11 +23,13 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
 
 
 def normalize_url(url: str) -> str:
-    """Return ``url`` with a scheme: plain paths become absolute ``file://`` URLs."""
+    """Return ``url`` with a scheme: plain paths become absolute ``file://`` URLs, with
+    ``.`` and ``..`` taken out (so each spelling of a folder names one repository)."""
+    import os
     from pathlib import Path
 
     if "://" not in url:
-        return Path(url).expanduser().absolute().as_uri()
+        return Path(os.path.abspath(os.path.expanduser(url))).as_uri()
     return url
 
 

@@ -158,7 +158,8 @@ def ingest(
         )
     specs = resolve_sources(sources, format)
     files = specs[0].format == "files"
-    shard_size = shard_size or (FILES_SHARD_SIZE if files else DEFAULT_SHARD_SIZE)
+    if shard_size is None:
+        shard_size = FILES_SHARD_SIZE if files else DEFAULT_SHARD_SIZE
     options = ShardOptions(shard_size=shard_size, algorithm=objects.algorithm)
     settings = _Settings(
         on_error=on_error,

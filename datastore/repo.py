@@ -18,14 +18,16 @@ import json
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from cachetier.errors import BadInputError, NotFoundError, TierdataError, UsageError
+from cachetier.errors import BadInputError, ConflictError, NotFoundError, TierdataError, UsageError
 from cachetier.hashing import DEFAULT_HASH
 from cachetier.objects import ObjectStore
 from cachetier.registry import normalize_url, open_store
@@ -92,6 +94,7 @@ class Repo:
         self.workspace = workspace
         self._head = workspace.head if workspace else Head(branch=DEFAULT_BRANCH)
         self._staged: dict[str, Any] | None = None
+        self._staged_lock = threading.Lock()  # for staging in memory (no workspace)
 
     # -- opening ----------------------------------------------------------------------------
     @classmethod
@@ -107,14 +110,19 @@ class Repo:
         For ``s3://`` URLs the bucket is created when missing. ``workspace=None`` skips
         writing ``.dataset/``. ``options`` go to the store backend (e.g. ``endpoint``).
         """
-        url = normalize_url(os.fspath(url))
+        url = normalize_url(_path_or_url(url))
         if workspace is not None:
             Workspace.check_repoint(workspace, url)  # before anything is created
-        store = open_store(url, **options)
-        ensure_bucket = getattr(store, "ensure_bucket", None)
-        if ensure_bucket is not None:
-            ensure_bucket()
-        algorithm = _init_repo_json(store)
+        try:
+            store = open_store(url, **options)
+            ensure_bucket = getattr(store, "ensure_bucket", None)
+            if ensure_bucket is not None:
+                ensure_bucket()
+            algorithm = _init_repo_json(store)
+        except OSError as e:
+            if isinstance(e, TierdataError):
+                raise
+            raise BadInputError(f"cannot create a repository there: {e.strerror or e}", subject=url) from e
         ws = (
             Workspace.create(workspace, url, settings=_public_options(options))
             if workspace is not None
@@ -145,8 +153,8 @@ class Repo:
         if url is None:
             assert ws is not None
             url = ws.repo_url
-        url = normalize_url(os.fspath(url))
-        if ws is not None and ws.repo_url != url:
+        url = normalize_url(_path_or_url(url))
+        if ws is not None and normalize_url(ws.repo_url) != url:
             ws = None  # a URL that is not the workspace's: use that repository, without the workspace
         s3 = dict(ws.settings.get("s3", {})) if ws else {}
         store = open_store(url, **{**s3, **options})
@@ -181,6 +189,8 @@ class Repo:
 
     def resolve(self, ref: str | None = None) -> str:
         """Return the version id of ``ref`` (default HEAD); NotFoundError names the ref."""
+        if ref is not None and not isinstance(ref, str):
+            raise BadInputError(f"a ref is a branch, tag or version id, not {ref!r}", subject="ref")
         if ref is None or ref == "HEAD":
             version = self.head_version
             if version is None:
@@ -191,7 +201,10 @@ class Repo:
                 )
             return version
         if ref.startswith("HEAD~"):
-            return self.refs.resolve(self.resolve() + ref[4:])
+            try:
+                return self.refs.resolve(self.resolve() + ref[4:])
+            except NotFoundError as e:  # name the ref as it was written, not HEAD's id
+                raise NotFoundError(e.message, subject=ref, hint=e.hint) from None
         return self.refs.resolve(ref)
 
     def _set_head(self, head: Head) -> None:
@@ -212,9 +225,14 @@ class Repo:
         else:
             self._staged = staged
 
+    def _staging(self) -> AbstractContextManager[Any]:
+        """Hold the staging area for one read-and-rewrite (the workspace's lock)."""
+        return self.workspace.locked() if self.workspace is not None else self._staged_lock
+
     def unstage(self) -> None:
         """Drop everything staged (the objects stay until gc)."""
-        self._write_staged(None)
+        with self._staging():
+            self._write_staged(None)
 
     def ingest(
         self,
@@ -238,7 +256,7 @@ class Repo:
         if not paths:
             raise BadInputError("nothing to ingest: no source paths given")
         index = self.workspace.index_dir if self.workspace is not None else None
-        staged = self.staged() or {"base": self.head_version, "ingests": []}
+        joining = self.staged() or {"base": self.head_version, "ingests": []}
         result = run_ingest(
             [os.fspath(p) for p in paths],
             self.objects,
@@ -248,7 +266,7 @@ class Repo:
             on_error=on_error,
             index=index,
             progress=progress,
-            prefer_schema=self._schema_to_join(staged),
+            prefer_schema=self._schema_to_join(joining),
         )
         entry = {
             "format": result.format,
@@ -265,10 +283,12 @@ class Repo:
                 "on_error": on_error,
             },
         }
-        if staged["ingests"]:
-            _check_same_schema(staged["ingests"][0], entry, paths)
-        staged["ingests"].append(entry)
-        self._write_staged(staged)
+        with self._staging():  # read again: another command may have staged or committed meanwhile
+            staged = self.staged() or {"base": self.head_version, "ingests": []}
+            if staged["ingests"]:
+                _check_same_schema(staged["ingests"][0], entry, paths)
+            staged["ingests"].append(entry)
+            self._write_staged(staged)
         return {
             "records": result.records,
             "shards": len(result.shards),
@@ -314,7 +334,14 @@ class Repo:
 
         Appends to the parent's data by default; ``replace=True`` makes the staged data
         the whole version. Refuses (UsageError) when nothing is staged or HEAD is detached.
+        Holds the staging area throughout, so two commits at once commit it once.
         """
+        with self._staging():
+            return self._commit_staged(message, tag=tag, replace=replace, author=author)
+
+    def _commit_staged(
+        self, message: str, *, tag: str | None, replace: bool, author: str | None
+    ) -> VersionInfo:
         staged = self.staged()
         if not staged or not staged["ingests"]:
             raise UsageError(
@@ -448,11 +475,12 @@ class Repo:
         return self.refs.list_tags()
 
     def checkout(
-        self, ref: str, *, to: str | os.PathLike[str] | None = None, format: str | None = None
+        self, ref: str | None, *, to: str | os.PathLike[str] | None = None, format: str | None = None
     ) -> VersionInfo:
         """Switch HEAD to ``ref``; with ``to``, also write the version's data into that folder.
 
-        A branch is checked out attached (commits go there); a tag or id detaches HEAD.
+        A branch is checked out attached (commits go there); a tag or id detaches HEAD;
+        ``HEAD`` (or None) leaves HEAD where it is.
         Materializing never writes outside ``to`` and fails loudly on corrupt data.
         """
         from datastore.checkout import materialize
@@ -460,6 +488,8 @@ class Repo:
         info = self.show(ref)
         if to is not None:
             materialize(self, info, Path(to), format=format)
+        if ref is None or ref == "HEAD":
+            return info  # HEAD stays as it is (on its branch, or detached)
         is_branch = ref in self.refs.list_branches()
         if is_branch or (self._head.branch == ref):
             self._set_head(Head(branch=ref))
@@ -526,7 +556,14 @@ class Repo:
         replaced, counts = dedup_staged_ingests(
             self, staged, method=method, threshold=threshold, num_perm=num_perm
         )
-        self._write_staged(replaced)
+        with self._staging():
+            if self.staged() != staged:
+                raise ConflictError(
+                    "conflict: the staged data changed while it was being deduplicated",
+                    subject="staging",
+                    hint="run the dedup again",
+                )
+            self._write_staged(replaced)
         return counts
 
     # -- maintenance --------------------------------------------------------------------------
@@ -597,6 +634,12 @@ def _check_same_schema(first: dict[str, Any], entry: dict[str, Any], paths: Sequ
             subject=os.fspath(paths[0]),
             hint="one version has one schema: commit what is staged first, or drop it with `dataset reset`",
         )
+
+
+def _path_or_url(url: Any) -> str:
+    if not isinstance(url, (str, os.PathLike)):
+        raise BadInputError(f"a repository is a path or URL, not {url!r}", subject="url")
+    return os.fspath(url)
 
 
 def _fields(entry: dict[str, Any], limit: int = 6) -> str:

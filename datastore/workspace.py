@@ -10,6 +10,7 @@ Files::
                               "cache": {...}, "s3": {...}}
     .dataset/staged.json     {"base": ID | null, "ingests": [ ... ]}  (absent when nothing is staged)
     .dataset/ingest-index/   the ingest index (see datastore.ingestindex)
+    .dataset/lock            locked while the staging area changes (see Workspace.locked)
 
 Every write goes through a temp file and an atomic rename, so a crash leaves the old
 file or the new one.
@@ -17,9 +18,12 @@ file or the new one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +134,19 @@ class Workspace:
         self.save()
 
     # -- staging ---------------------------------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the workspace's lock (``flock`` on ``.dataset/lock``) while the staging area
+        is read and rewritten, so concurrent commands neither lose nor repeat an ingest.
+        Not reentrant: take it once per operation."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def read_staged(self) -> dict[str, Any] | None:
         """Return the staged ingests, or None when nothing is staged."""
         path = self.dir / "staged.json"

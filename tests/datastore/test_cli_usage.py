@@ -4,13 +4,17 @@ of another repository) is one line and exit 1; byte sizes mean the same everywhe
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cachetier.config import CacheConfig, load_cache_config, parse_size
 from datastore.cli import build_parser, main
+from tests.datastore.conftest import run_cli_process
 
 
 @pytest.mark.parametrize(
@@ -95,3 +99,27 @@ def test_init_elsewhere_with_staged_data_is_refused(cli, tmp_path: Path) -> None
     assert cli("reset").code == 0
     assert cli("init", second).code == 0
     assert (second / "repo.json").exists()
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly(tmp_path: Path) -> None:
+    # `dataset log | head -1`: the pipe's reader is gone before the first line is written.
+    assert run_cli_process("init", tmp_path / "repo", cwd=tmp_path).code == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.run(
+        [sys.executable, "-m", "datastore.cli", "status"],
+        cwd=tmp_path,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        timeout=60,
+    )
+    os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == ""
+
+
+def test_init_where_no_folder_can_be_is_one_line(cli, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    result = cli("init", tmp_path / "afile" / "repo")
+    assert result.code == 1 and "afile" in result.err and "internal error" not in result.err
