@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cachetier.errors import BadInputError, NotFoundError, UsageError
+from cachetier.registry import normalize_url
 
 __all__ = ["WORKSPACE_DIR", "Head", "Workspace", "find_workspace"]
 
@@ -80,7 +81,7 @@ class Workspace:
         :meth:`check_repoint`)."""
         ws = cls(Path(root).absolute(), repo_url, settings=dict(settings or {}))
         old = cls.check_repoint(root, repo_url)
-        if old is not None and old.repo_url == repo_url:
+        if old is not None and normalize_url(old.repo_url) == normalize_url(repo_url):
             ws.head, ws.settings = old.head, {**old.settings, **ws.settings}
         ws.save()
         return ws
@@ -93,7 +94,7 @@ class Workspace:
         if not (Path(root).absolute() / WORKSPACE_DIR / "config.json").exists():
             return None
         old = cls.load(root)
-        if old.repo_url != repo_url and old.read_staged():
+        if normalize_url(old.repo_url) != normalize_url(repo_url) and old.read_staged():
             raise UsageError(
                 f"this workspace has staged data for {old.repo_url}",
                 subject=str(old.root),

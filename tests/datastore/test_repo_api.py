@@ -45,6 +45,13 @@ def test_each_spelling_of_a_local_path_is_one_repository(tmp_path: Path, monkeyp
         assert again.workspace is not None and again.status()["staged"]["records"] == 4
     Repo.init(tmp_path / "repo", workspace=".")  # the same repository: its staged data stays
     assert Repo.open(workspace=".").status()["staged"]["records"] == 4
+    # A workspace written before URLs were normalized keeps working.
+    config = Path(".dataset/config.json")
+    data = json.loads(config.read_text())
+    config.write_text(json.dumps({**data, "repo": (tmp_path / "ws").as_uri() + "/../repo"}))
+    assert Repo.open(os.fspath(tmp_path / "repo"), workspace=".").status()["staged"]["records"] == 4
+    Repo.init(tmp_path / "repo", workspace=".")
+    assert Repo.open(workspace=".").status()["staged"]["records"] == 4
 
 
 def test_wrong_argument_types_and_refs_past_the_root_name_what_was_given(
