@@ -30,6 +30,10 @@ def normalize_url(url: str) -> str:
 
     if "://" not in url:
         return Path(os.path.abspath(os.path.expanduser(url))).as_uri()
+    if url.startswith("file://"):
+        from urllib.request import url2pathname
+
+        return Path(os.path.abspath(url2pathname(urlparse(url).path))).as_uri()
     return url
 
 
