@@ -13,17 +13,39 @@ stripe merely take turns. The kernel releases the locks of a process that dies (
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["FlightLocks"]
+__all__ = ["FlightLocks", "lock_record"]
 
 _STRIPES = 4096
+
+
+def lock_record(fd: int, length: int = 0, start: int = 0) -> None:
+    """``lockf(fd, LOCK_EX, length, start)``, waiting out a false EDEADLK.
+
+    Record locks belong to processes, so when threads of two processes each hold one
+    lock and wait for the other's (a flight stripe and the RAM tier's ``.lock``, say),
+    the kernel may see a cycle between the processes that no thread is in, and refuse
+    at once. The holders let go soon: pause and try again.
+    """
+    pause = 0.001
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX, length, start)
+            return
+        except OSError as e:
+            if e.errno != errno.EDEADLK:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 class FlightLocks:
@@ -53,7 +75,7 @@ class FlightLocks:
         fd, thread_lock = opened
         with thread_lock:
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX, 1, stripe)
+                lock_record(fd, 1, stripe)
                 locked = True
             except OSError:
                 locked = False

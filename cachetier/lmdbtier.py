@@ -241,10 +241,17 @@ class SharedEnv:
 
     @contextmanager
     def write(self) -> Iterator[lmdb.Transaction]:
-        """A write transaction: committed at the end of the block, aborted on an exception."""
+        """A write transaction: committed at the end of the block, aborted on an exception.
+
+        First frees the reader slots of processes that died inside a read transaction
+        (``kill -9``): such a slot pins the pages it saw, so until it is freed no write
+        on the node can reuse them and the map fills up.
+        """
         _GATE.enter()
         try:
-            with self.open().begin(write=True) as txn:
+            env = self.open()
+            env.reader_check()
+            with env.begin(write=True) as txn:
                 yield txn
         finally:
             _GATE.leave()

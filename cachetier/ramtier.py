@@ -36,7 +36,6 @@ Rules
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 import threading
@@ -53,6 +52,7 @@ import xxhash
 from cachetier._frame import HEADER_SIZE, frame_header, frame_header_of, open_frame
 from cachetier._proc import process_alive
 from cachetier.errors import BadInputError, NotFoundError, StoreUnavailableError
+from cachetier.flight import lock_record
 from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
 from cachetier.metrics import TierCounters
@@ -406,7 +406,7 @@ class RamTier(Store):
         with self._thread_lock:
             fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
+                lock_record(fd)
                 yield
             finally:
                 os.close(fd)

@@ -235,3 +235,44 @@ def test_fork_waits_for_transactions_of_other_threads(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
+
+
+def test_a_reader_killed_inside_a_read_transaction_does_not_fill_the_map(tmp_path: Path) -> None:
+    # kill -9 inside a read transaction leaves the process's reader slot, which pins the
+    # pages of that snapshot: until it is cleared, freed pages cannot be reused and a
+    # survivor that keeps evicting and admitting runs out of map.
+    budget = 4 << 20
+    tier = make_tier(tmp_path / "env", budget)
+    rng = random.Random(3)
+    for n in range(budget // 300_000):
+        tier.admit(f"v{n}", rng.randbytes(300_000))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from cachetier.lmdbtier import SharedEnv
+                env = SharedEnv({str(tmp_path / "env")!r}, map_size={int(budget * 1.1)}, budget={budget})
+                with env.read() as txn:
+                    print("reading", flush=True)
+                    time.sleep(600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "reading"
+    finally:
+        holder.kill()
+        holder.wait()
+    admitted = 0
+    for n in range(100, 160):  # churn: every admission evicts what it must
+        admitted += tier.admit(f"v{n}", rng.randbytes(300_000))
+    assert admitted == 60, tier.counters
+    assert tier.env.file_bytes() <= 1.1 * budget
+    tier.close()
