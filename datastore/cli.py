@@ -512,11 +512,11 @@ def cmd_cache(args: argparse.Namespace) -> None:
     if args.action == "warm":
         repo = _open()
         with TieredStore(repo.objects, config) as cache:
-            table = repo.shard_table(args.ref)
-            result = {
-                "version": repo.resolve(args.ref),
-                **cache.warm([*table.hashes(), *table.chunk_ids()], tier=args.tier or "ssd"),
-            }
+            info = repo.show(args.ref)
+            table = repo.shard_table(info.version)
+            # The shard table too: a loader reads it through the cache (see RepoShardSource).
+            oids = [info.record.data_hash, *table.hashes(), *table.chunk_ids()]
+            result = {"version": info.version, **cache.warm(oids, tier=args.tier or "ssd")}
         _emit(
             args,
             result,

@@ -31,6 +31,7 @@ from cachetier.pages import drop_mapping
 from cachetier.tiered import StreamingDecoder, TieredStore
 from datastore.repo import Repo, schema_from_dict
 from datastore.shards import read_shard, shard_batches
+from versioning import ShardTable
 
 __all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "open_shard_source"]
 
@@ -69,7 +70,7 @@ class RepoShardSource:
     def __init__(self, repo: Repo, version_id: str, cache: TieredStore | None):
         self.repo = repo
         self.version_id = version_id
-        table = repo.shard_table(version_id)
+        table = _shard_table(repo, version_id, cache)
         self.shards: list[tuple[str, int]] = list(
             zip(table.hashes(), (int(n) for n in table.records), strict=True)
         )
@@ -143,6 +144,15 @@ class RepoShardSource:
 
     def __repr__(self) -> str:
         return f"RepoShardSource({self.repo.url!r}, {self.version_id[:12]}, {len(self.shards)} shards)"
+
+
+def _shard_table(repo: Repo, version_id: str, cache: TieredStore | None) -> ShardTable:
+    """The version's shard table, read through the cache when there is one, so a version
+    warmed into the cache (``dataset cache warm``) streams without the object store."""
+    if cache is None:
+        return repo.shard_table(version_id)
+    data_hash = repo.show(version_id).record.data_hash
+    return ShardTable.decode(cache.get(data_hash), subject=f"shard table {data_hash}")
 
 
 def open_shard_source(

@@ -62,3 +62,24 @@ def test_cache_serve_exposes_prometheus_metrics(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_a_warmed_version_streams_without_the_objects(cli, local_url: str, tmp_path: Path) -> None:
+    from cachetier.config import CacheConfig
+    from loaders import StreamingDataLoader, StreamingDataset
+
+    src = tmp_path / "c.jsonl"
+    write_sample_jsonl(src, 3000, seed=4)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src, "--shard-size", "64KiB")
+    cli("version", "-m", "v")
+    cache_dir = tmp_path / "cache"
+    warm = cli("cache", "warm", "--cache-dir", cache_dir, "--ssd-bytes", "64MiB", "--json").json
+    assert warm["failed"] == 0 and warm["admitted"] == warm["requested"]
+    for folder in ("objects", "packs"):  # the data is gone from the store; refs and versions stay
+        if (Path(local_url) / folder).exists():
+            (Path(local_url) / folder).rename(tmp_path / f"moved-{folder}")
+    config = CacheConfig(dir=cache_dir, ssd_bytes="64MiB", ram_bytes="8MiB")
+    dataset = StreamingDataset(local_url, "main", cache=config, columns=["id"], batch_size=100)
+    ids = [i for batch in StreamingDataLoader(dataset, batch_size=None) for i in batch["id"].tolist()]
+    assert sorted(ids) == sorted(json.loads(line)["id"] for line in src.read_text().splitlines())
