@@ -96,6 +96,14 @@ class Repo:
         self._staged: dict[str, Any] | None = None
         self._staged_lock = threading.Lock()  # for staging in memory (no workspace)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into DataLoader workers started by spawn or forkserver: not the lock.
+        return {k: v for k, v in self.__dict__.items() if k != "_staged_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._staged_lock = threading.Lock()
+
     # -- opening ----------------------------------------------------------------------------
     @classmethod
     def init(
