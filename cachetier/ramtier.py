@@ -95,8 +95,10 @@ class RamTier(Store):
 
     def open(self) -> None:
         """Create the folders if needed and remove temp files of dead processes (and, with
-        an ``owner``, the default folders of caches that no longer exist)."""
-        if self._opened:
+        an ``owner``, the default folders of caches that no longer exist). Once opened, a
+        call does nothing unless the folder has gone (deleted under a running job): then
+        it is made again, so the tier heals at its next health check."""
+        if self._opened and self.values.is_dir():
             return
         try:
             self.values.mkdir(parents=True, exist_ok=True)

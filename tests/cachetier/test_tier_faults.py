@@ -127,3 +127,24 @@ def test_store_that_goes_away_mid_run(tmp_path: Path, make_config) -> None:
         store.close()
     finally:
         server.stop()
+
+
+def test_a_ram_tier_folder_deleted_under_a_running_process_comes_back(
+    objects: ObjectStore, put_blobs, make_config
+) -> None:
+    import shutil
+
+    ids = put_blobs([20_000] * 6)
+    with TieredStore(objects, make_config(ssd_bytes=0)) as ts:
+        ts.health._retry_after = 0.0  # the retry period, shortened for the test
+        for _ in range(3):  # read more than once: admitted to RAM
+            for oid in ids[:3]:
+                ts.read(oid)
+        ram_dir, values = ts.ram.root, ts.ram.values
+        assert len(list(values.iterdir())) == 3
+        shutil.rmtree(ram_dir)  # e.g. someone cleaned /dev/shm while the job ran
+        for _ in range(3):
+            for oid in ids:
+                assert objects.hash(ts.read(oid)) == oid
+        assert "ram" not in ts.stats()["degraded"]
+        assert len(list(values.iterdir())) >= 3  # admitted again
