@@ -271,6 +271,9 @@ class TieredStore:
             return decode
 
         def into_ram(raw: memoryview) -> Any:
+            if raw.nbytes > ram.budget:  # decoded, it is bigger still: it could never be admitted
+                ram.counters.rejections += 1
+                return decode(raw)
             try:
                 return ram.write_pending(lambda sink: decode.write_to(raw, sink))
             except StoreUnavailableError as e:  # tmpfs full or gone: decode in memory

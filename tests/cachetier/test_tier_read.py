@@ -201,8 +201,9 @@ def test_a_streaming_decoder_writes_straight_into_the_ram_tier(objects: ObjectSt
 def test_a_decoded_value_bigger_than_ram_is_still_served_and_leaves_no_file(
     objects: ObjectStore, make_config
 ) -> None:
-    value = os.urandom(3 << 20)
+    value = os.urandom(1 << 14) * 192  # 3 MiB that compresses below the 1 MiB budget
     oid = objects.put(zlib.compress(value))
+    assert len(objects.get(oid)) < 1 << 20
     decode = _Zlib()
     with TieredStore(objects, make_config(ram_bytes=1 << 20)) as ts:  # the tier refuses it
         view = ts.get_decoded(oid, decode)
@@ -211,3 +212,16 @@ def test_a_decoded_value_bigger_than_ram_is_still_served_and_leaves_no_file(
         assert not [p for p in ts.ram.values.iterdir() if p.name.startswith(".tmp.")]
         assert bytes(ts.get_decoded(oid, decode)) == value  # decoded again: nothing cached
         assert ts.ram.usage()["bytes_used"] <= 1 << 20
+
+
+def test_a_stored_value_bigger_than_ram_is_decoded_in_memory_not_in_tmpfs(
+    objects: ObjectStore, make_config
+) -> None:
+    # Its decoded form is bigger still: writing it to tmpfs first would exceed the budget.
+    value = os.urandom(2 << 20)
+    oid = objects.put(zlib.compress(value))
+    decode = _Zlib()
+    with TieredStore(objects, make_config(ram_bytes=1 << 20)) as ts:
+        assert ts.get_decoded(oid, decode) == value and decode.calls == ["memory"]
+        assert ts.stats()["tiers"]["ram"]["rejections"] == 1
+        assert not list(ts.ram.values.iterdir())
