@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import shutil
 import threading
 import uuid
 import weakref
@@ -111,13 +112,15 @@ class RamTier(Store):
         self._opened = True
 
     def _housekeep(self, owner: Path) -> None:
-        """Record ``owner`` and remove the default folders of deleted caches; best effort:
-        a cache folder that cannot be made (read-only) leaves this folder unclaimed, and
-        an unclaimed folder is never removed."""
+        """Record ``owner`` and remove the default folders of deleted caches. Where the
+        cache folder cannot be made (under a file, read-only), the RAM tier is not used
+        either: its folder is removed (no process uses an unclaimed one) and OSError
+        raised, since an unclaimed folder would hold tmpfs until the node restarts."""
         try:
             claim(self.root, owner)
         except OSError:
-            pass
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
         sweep_orphans(self.root.parent, keep=self.root)
 
     # -- reads -------------------------------------------------------------------------

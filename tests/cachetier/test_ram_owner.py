@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from cachetier.config import CacheConfig
+from cachetier.errors import StoreUnavailableError
 from cachetier.localstore import LocalStore
 from cachetier.objects import ObjectStore
 from cachetier.ramowner import OWNER_FILE, default_name_prefix, remove_owned_under, sweep_orphans
@@ -114,12 +117,31 @@ def test_a_deleted_cache_folder_leaves_nothing_in_dev_shm(tmp_path: Path) -> Non
             shutil.rmtree(config.resolved_ram_dir, ignore_errors=True)
 
 
-def test_an_owner_that_cannot_be_made_leaves_the_tier_usable_and_unclaimed(tmp_path: Path) -> None:
+def test_an_owner_that_cannot_be_made_leaves_no_folder_behind(tmp_path: Path) -> None:
+    # An unclaimed folder would never be swept: it would hold tmpfs until the node restarts.
     shm = tmp_path / "shm"
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")  # the cache folder cannot be made below a file
     tier = RamTier(shm / f"{default_name_prefix()}ro", budget=1 << 20, owner=blocked / "cache")
-    tier.put("k", b"value")
-    assert tier.get("k") == b"value"
-    assert not (tier.root / OWNER_FILE).exists()
-    assert sweep_orphans(shm) == []  # unclaimed: never removed
+    with pytest.raises(StoreUnavailableError):
+        tier.put("k", b"value")
+    assert not tier.root.exists()
+
+
+def test_a_cache_folder_that_cannot_be_made_uses_no_default_ram_tier(tmp_path: Path) -> None:
+    objects = ObjectStore(LocalStore(tmp_path / "repo"))
+    oid = objects.put(b"shard" * 1000)
+    (tmp_path / "afile").write_text("")
+    config = CacheConfig(dir=tmp_path / "afile" / "cache")
+    try:
+        with TieredStore(objects, config) as cache:
+            for _ in range(3):
+                assert bytes(cache.read(oid)) == b"shard" * 1000  # read through
+            assert {"ram", "ssd"} <= set(cache.stats()["degraded"])
+        # At most the node's empty fill-lock file is there (it lives beside the RAM tier).
+        left = (
+            {p.name for p in config.resolved_ram_dir.iterdir()} if config.resolved_ram_dir.exists() else set()
+        )
+        assert left <= {"flight.lock"}, left
+    finally:
+        shutil.rmtree(config.resolved_ram_dir, ignore_errors=True)
