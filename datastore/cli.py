@@ -221,37 +221,24 @@ def _in_dir(handler: Handler) -> Handler:
     return run
 
 
-def _count(text: str) -> int:
-    """An argparse type: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+def _number(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` if ``ok`` accepts it, else a usage error saying ``what``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}: {text!r}")
+        return value
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    """An argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
-    return value
+_count = _number(int, lambda v: v >= 0, "a whole number, 0 or more")
+_seconds = _number(float, lambda v: 0 <= v < float("inf"), "a finite number of seconds, 0 or more")
+_fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def _byte_size(minimum: int) -> Callable[[str], int]:
