@@ -70,7 +70,9 @@ class RepoShardSource:
     def __init__(self, repo: Repo, version_id: str, cache: TieredStore | None):
         self.repo = repo
         self.version_id = version_id
-        table = _shard_table(repo, version_id, cache)
+        record = repo.show(version_id).record
+        self._stored_schema = record.schema
+        table = _shard_table(repo, record.data_hash, cache)
         self.shards: list[tuple[str, int]] = list(
             zip(table.hashes(), (int(n) for n in table.records), strict=True)
         )
@@ -97,7 +99,7 @@ class RepoShardSource:
     @property
     def schema(self) -> pa.Schema | None:
         """The version's schema, as its record holds it (hidden ``__`` columns left out)."""
-        stored = self.repo.show(self.version_id).record.schema
+        stored = self._stored_schema
         return schema_from_dict(stored) if stored.get("arrow") else None
 
     def read_chunks(self, chunk_ids: Sequence[str], size: int | None, subject: str) -> bytes:
@@ -146,13 +148,11 @@ class RepoShardSource:
         return f"RepoShardSource({self.repo.url!r}, {self.version_id[:12]}, {len(self.shards)} shards)"
 
 
-def _shard_table(repo: Repo, version_id: str, cache: TieredStore | None) -> ShardTable:
-    """The version's shard table, read through the cache when there is one, so a version
+def _shard_table(repo: Repo, data_hash: str, cache: TieredStore | None) -> ShardTable:
+    """A version's shard table, read through the cache when there is one, so a version
     warmed into the cache (``dataset cache warm``) streams without the object store."""
-    if cache is None:
-        return repo.shard_table(version_id)
-    data_hash = repo.show(version_id).record.data_hash
-    return ShardTable.decode(cache.get(data_hash), subject=f"shard table {data_hash}")
+    data = cache.get(data_hash) if cache is not None else repo.objects.get(data_hash)
+    return ShardTable.decode(data, subject=f"shard table {data_hash}")
 
 
 def open_shard_source(
