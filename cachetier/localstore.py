@@ -24,6 +24,8 @@ from cachetier.store import BytesLike, ObjectInfo, Store, Versioned
 
 __all__ = ["LocalStore"]
 
+_TEMP_PREFIX = ".tmp."  # a write in progress: written, then renamed into place
+
 
 class LocalStore(Store):
     """Keys are relative paths below ``root``; the folder is created on first write."""
@@ -94,7 +96,7 @@ class LocalStore(Store):
             raise _folder_clash(os.path.relpath(target, self.root)) from e
         except OSError as e:
             raise _translate(e, str(target.parent)) from e
-        return target.parent / f".tmp.{os.getpid()}.{uuid.uuid4().hex[:12]}.{target.name}"
+        return target.parent / f"{_TEMP_PREFIX}{os.getpid()}.{uuid.uuid4().hex[:12]}.{target.name}"
 
     def touch(self, key: str) -> None:
         try:
@@ -113,23 +115,37 @@ class LocalStore(Store):
                 raise
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        # Walk only the deepest folder that the prefix fixes, then filter by the full prefix.
+        return (info for info in self._files(prefix, temporary=False) if info.key.startswith(prefix))
+
+    def temporaries(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """The temp files of writes that never finished (a process killed mid-write), below
+        ``prefix``'s folder: ``key`` is their path relative to the root. ``list`` skips them."""
+        return self._files(prefix, temporary=True)
+
+    def _files(self, prefix: str, *, temporary: bool) -> Iterator[ObjectInfo]:
+        # Walk only the deepest folder that the prefix fixes (the caller filters by the full
+        # prefix); hidden folders never, hidden files only as temp files when asked for.
         folder = prefix.rpartition("/")[0]
         base = self.root / folder if folder else self.root
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = os.path.relpath(dirpath, self.root)
             for name in filenames:
-                if name.startswith("."):
-                    continue
-                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                if not key.startswith(prefix):
+                wanted = name.startswith(_TEMP_PREFIX) if temporary else not name.startswith(".")
+                if not wanted:
                     continue
                 try:
                     st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:
-                    continue  # deleted while we listed
+                    continue  # deleted (or renamed into place) while we listed
+                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
                 yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def delete_temporary(self, key: str) -> None:
+        """Remove a temp file listed by :meth:`temporaries` (gone already is fine)."""
+        if not key.rpartition("/")[2].startswith(_TEMP_PREFIX):
+            raise ValueError(f"not a temp file: {key!r}")
+        (self.root / key).unlink(missing_ok=True)
 
     def read_versioned(self, key: str) -> Versioned:
         data = self.get(key)

@@ -35,6 +35,8 @@ import json
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -195,6 +197,7 @@ def _default_format(info: VersionInfo) -> str:
 # What a tabular checkout writes (see _write_parts), and its temp names (see _replacing).
 _PART_NAME = re.compile(r"part-\d{5,}\.(?:jsonl|parquet|csv|txt)")
 _PART_TEMP = re.compile(r"\.part-\d{5,}\.(?:jsonl|parquet|csv|txt)\.[0-9a-f]{8}\.tmp")
+_FILE_TEMP = re.compile(r"\.(.+)\.[0-9a-f]{8}\.tmp", re.DOTALL)  # a big file's (see _replacing)
 
 
 def _write_parts(repo: Repo, info: VersionInfo, target: Path, fmt: str) -> dict[str, Any]:
@@ -631,6 +634,7 @@ def _write_shards(repo: Repo, hashes: list[str], writer: _FilesWriter) -> dict[s
     seen, counts = np.unique(writer.path_hashes(), return_counts=True)
     if (counts > 1).any():
         _rewrite(repo, hashes, _FilesWriter(repo, writer.root), set(seen[counts > 1].tolist()))
+    writer.remove_leftovers()
     return {"files": stages.files, "records": stages.files, "bytes": stages.written}
 
 
@@ -715,6 +719,9 @@ class _FilesWriter:
         self._checked: set[str] = set()  # folders found safe (see safe_target)
         self._made: set[str] = set()  # folders created
         self._path_hashes: list[np.ndarray] = []  # 8 bytes a file prepared, not its path
+        self._started = time.time()
+        self._chunked: dict[str, set[str]] = {}  # folder -> names of big files written there
+        self._lock = threading.Lock()
 
     def prepare(self, shards: list[bytes]) -> _FilesJob:
         """Decode the shards, check every path and create the folders. Every path of the
@@ -751,7 +758,21 @@ class _FilesWriter:
             written += _write_inline(path, value)
         for path, chunks, size in job.chunked:
             written += _write_chunked(self.repo, Path(path), chunks, size)
+            folder, _, name = path.rpartition("/")
+            with self._lock:
+                self._chunked.setdefault(folder, set()).add(name)
         return written
+
+    def remove_leftovers(self) -> None:
+        """Remove the temp files that an earlier checkout, killed while writing a big file
+        (see :func:`_replacing`), left beside the big files this one wrote; only temp files
+        older than this checkout, so another writer's are never touched."""
+        for folder, names in self._chunked.items():
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    match = _FILE_TEMP.fullmatch(entry.name)
+                    if match and match.group(1) in names and entry.stat().st_mtime < self._started - 1:
+                        os.unlink(entry.path)
 
 
 def _binary_values(array: pa.Array) -> list[memoryview | None]:

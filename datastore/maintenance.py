@@ -12,10 +12,12 @@ each of its members missing) and removed whole by ``gc`` once no member is reach
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cachetier.errors import IntegrityError, NotFoundError, TierdataError
+from cachetier.store import ObjectInfo
 from versioning import UnreachableItem, VersionRecord, load_shard_table, load_version, unreachable
 
 if TYPE_CHECKING:
@@ -109,10 +111,13 @@ def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:
 def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
     """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``.
 
-    Each item is ``{"kind" (object | version | pack), "id", "key", "size"}``; a pack also
-    lists its ``members`` (object ids) and counts as one item.
+    Each item is ``{"kind" (object | version | pack | temp), "id", "key", "size"}``; a pack
+    also lists its ``members`` (object ids) and counts as one item. ``temp`` is the temp
+    file of a write that never finished (a process killed mid-write; local stores), with
+    ``id`` null, removed once older than the grace period like everything else.
     """
     items = unreachable(repo.store, repo.objects, grace_seconds, keep=repo.staged_object_ids())
+    leftovers = _unfinished_writes(repo, grace_seconds)
     if not dry_run:
 
         def delete(item: UnreachableItem) -> None:
@@ -121,13 +126,26 @@ def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
 
         with ThreadPoolExecutor(repo.objects.max_workers) as pool:
             list(pool.map(delete, items))
+        for info in leftovers:
+            repo.store.delete_temporary(info.key)  # type: ignore[attr-defined]
+    temps = [{"kind": "temp", "id": None, "key": t.key, "size": t.size} for t in leftovers]
     return {
         "dry_run": dry_run,
-        "removed": len(items),
-        "bytes": sum(item.size for item in items),
+        "removed": len(items) + len(leftovers),
+        "bytes": sum(item.size for item in items) + sum(t.size for t in leftovers),
         "grace_seconds": grace_seconds,
-        "items": [_item(i) for i in items],
+        "items": [_item(i) for i in items] + temps,
     }
+
+
+def _unfinished_writes(repo: Repo, grace_seconds: float) -> list[ObjectInfo]:
+    """Temp files of writes that never finished, older than the grace period (a store that
+    writes in place, such as S3, has none)."""
+    temporaries = getattr(repo.store, "temporaries", None)
+    if temporaries is None:
+        return []
+    cutoff = time.time() - grace_seconds
+    return [info for info in temporaries() if info.mtime < cutoff]
 
 
 def _item(item: UnreachableItem) -> dict[str, Any]:

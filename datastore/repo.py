@@ -369,7 +369,7 @@ class Repo:
             raise NotFoundError(
                 f"{len(missing)} staged shard(s) are missing from the repository (removed by gc?)",
                 subject=f"object {missing[0]}",
-                hint="run `dataset status`, then re-ingest the sources",
+                hint="drop what is staged with `dataset reset`, then ingest the sources again",
             )
         dedup = next((i["dedup"] for i in ingests if i.get("dedup")), None)
         operation = make_operation(

@@ -361,3 +361,27 @@ def test_a_target_that_cannot_be_a_folder_is_a_user_error(cli, local_url: str, t
     one_line_error(cli("checkout", "main", "--to", plain, "--format", "jsonl"), str(plain))
     assert plain.read_bytes() == b"a file"
     assert cli("checkout", "main", "--to", tmp_path / "ok").code == 0
+
+
+def test_a_files_checkout_removes_what_a_killed_one_left_beside_its_big_files(
+    cli, local_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    (src / "media").mkdir(parents=True)
+    big = os.urandom(5 << 20)  # chunked (at least 4 MiB): written through a temp file
+    (src / "media" / "big.bin").write_bytes(big)
+    (src / "small.txt").write_text("small")
+    assert cli("init", local_url).code == 0
+    assert cli("ingest", src, "--format", "files").code == 0
+    assert cli("version", "-m", "v").code == 0
+    out = tmp_path / "out"
+    (out / "media").mkdir(parents=True)
+    leftover = out / "media" / ".big.bin.0123abcd.tmp"  # a checkout killed mid-write
+    leftover.write_bytes(big[:1000])
+    theirs = out / "media" / ".notes.0123abcd.tmp"  # the user's: no big file of that name
+    theirs.write_text("mine")
+    for path in (leftover, theirs):
+        os.utime(path, (time.time() - 60, time.time() - 60))
+    assert cli("checkout", "main", "--to", out).code == 0
+    assert (out / "media" / "big.bin").read_bytes() == big
+    assert not leftover.exists() and theirs.read_text() == "mine"

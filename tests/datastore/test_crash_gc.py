@@ -88,3 +88,25 @@ def test_gc_grace_and_dry_run(cli, repo_url: str, tmp_path: Path) -> None:
     # a fresh Repo: an open one may trust a pack it saw stored in the last 2 s
     assert not any(Repo.open(workspace=cli.project).objects.exists(oid) for oid in staged)
     assert cli("verify", "--all", "--json").json["ok"]
+
+
+def test_gc_removes_the_temp_files_of_writes_that_never_finished(cli, local_url: str, tmp_path: Path) -> None:
+    # A process killed while writing an object leaves its temp file (written, never renamed
+    # into place). The store's listing skips it; gc removes it once older than the grace.
+    src = tmp_path / "a.jsonl"
+    write_sample_jsonl(src, 500, seed=1)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src)
+    cli("version", "-m", "v")
+    folder = Path(local_url) / "objects" / "ab"
+    folder.mkdir(parents=True, exist_ok=True)
+    leftover = folder / (".tmp.4242.0123456789ab." + "ab" * 32)
+    leftover.write_bytes(b"half an object" * 1000)
+    young = cli("gc", "--dry-run", "--json").json  # the default grace: it may still be written
+    assert young["removed"] == 0
+    dry = cli("gc", "--dry-run", "--grace", "0", "--json").json
+    assert [i["key"] for i in dry["items"] if i["kind"] == "temp"] == [f"objects/ab/{leftover.name}"]
+    assert leftover.exists()
+    done = cli("gc", "--grace", "0", "--json").json
+    assert done["removed"] == 1 and done["bytes"] == 14_000 and not leftover.exists()
+    assert cli("verify", "--all", "--json").json["ok"]
