@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threshold", type=_fraction, default=0.8, help="Jaccard threshold for near duplicates, in (0, 1]"
     )
-    p.add_argument("--num-perm", type=int, default=128)
+    p.add_argument("--num-perm", type=_positive, default=128, help="MinHash permutations (default 128)")
     p.add_argument("--text-column", metavar="COL")
     p.add_argument("--scheduler", metavar="ADDR", help="a dask.distributed scheduler (tcp://host:8786)")
     p.add_argument("-m", "--message")
@@ -237,6 +237,7 @@ def _number(convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str)
 
 
 _count = _number(int, lambda v: v >= 0, "a whole number, 0 or more")
+_positive = _number(int, lambda v: v >= 1, "a whole number, 1 or more")
 _seconds = _number(float, lambda v: 0 <= v < float("inf"), "a finite number of seconds, 0 or more")
 _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 

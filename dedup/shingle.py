@@ -16,8 +16,10 @@ words in word mode, its code points in char mode):
 - a unit's hash :func:`unit_hash64` reads the unit's UTF-8 bytes as little-endian 8-byte
   words and mixes them, starting from the unit's length, then finalizes with
   MurmurHash3's ``fmix64``;
-- a shingle's hash is ``fmix64(sum_i unit_hash(u_i) * W_i mod 2**64)`` with fixed odd
-  weights ``W_i`` per position (:func:`word_shingle_hash64`, :func:`char_shingle_hash64`).
+- a shingle's hash is ``fmix64(sum_i unit_hash(u_i) * W_i mod 2**64 XOR D)`` with fixed
+  odd weights ``W_i`` per position and a domain ``D`` per mode (0 for words), so a word
+  shingle never takes the hash of the character shingle of the same letters (``b"h e l
+  l o"`` against ``b"hello"``) (:func:`word_shingle_hash64`, :func:`char_shingle_hash64`).
 
 This is vectorized over a whole batch without any per-byte arithmetic: unit boundaries
 come from byte comparisons, each unit costs one unaligned 8-byte load per 8 bytes, and
@@ -60,6 +62,7 @@ _U64 = np.uint64
 _LEN_MULT = 0x9E3779B97F4A7C15
 _CHUNK_MULT = 0xC2B2AE3D27D4EB4F
 _WEIGHT_SEED = 0x2545F4914F6CDD1D
+_WORDS, _CHARS = 0, 0x94D049BB133111EB  # the domains of word and character shingles
 _LONG_UNIT = 64  # units longer than this are hashed one by one (rare)
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [_MASK64], dtype=np.uint64)
 
@@ -100,16 +103,16 @@ def unit_hash64(unit: bytes) -> int:
     return _unit_state(unit)
 
 
-def _combine(units: list[bytes]) -> int:
+def _combine(units: list[bytes], domain: int) -> int:
     acc = 0
     for i, unit in enumerate(units):
         acc = (acc + unit_hash64(unit) * _weight(i)) & _MASK64
-    return _fmix64_int(acc)
+    return _fmix64_int(acc ^ domain)
 
 
 def word_shingle_hash64(shingle: bytes) -> int:
     """64-bit hash of a word shingle (words separated by single spaces)."""
-    return _combine(shingle.split(b" "))
+    return _combine(shingle.split(b" "), _WORDS)
 
 
 def word_shingle_hash32(shingle: bytes) -> int:
@@ -119,7 +122,7 @@ def word_shingle_hash32(shingle: bytes) -> int:
 
 def char_shingle_hash64(shingle: bytes) -> int:
     """64-bit hash of a character shingle (UTF-8)."""
-    return _combine([c.encode("utf-8") for c in shingle.decode("utf-8")])
+    return _combine([c.encode("utf-8") for c in shingle.decode("utf-8")], _CHARS)
 
 
 def char_shingle_hash32(shingle: bytes) -> int:
@@ -190,9 +193,11 @@ def _unit_hashes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     return h
 
 
-def _combine_units(unit_hash: np.ndarray, first_unit: np.ndarray, counts: np.ndarray, n: int) -> tuple:
-    """Shingle hashes of ``n`` consecutive units; record ``r``'s units start at
-    ``first_unit[r]`` and it has ``counts[r]`` shingles. Returns the hashes and the index
+def _combine_units(
+    unit_hash: np.ndarray, first_unit: np.ndarray, counts: np.ndarray, n: int, domain: int
+) -> tuple:
+    """Shingle hashes of ``n`` consecutive units (in ``domain``); record ``r``'s units start
+    at ``first_unit[r]`` and it has ``counts[r]`` shingles. Returns the hashes and the index
     of each shingle's first unit."""
     # Weighted sums over every window of the unit array (windows that cross records
     # included: cheap contiguous arithmetic), then pick the windows inside a record.
@@ -205,7 +210,7 @@ def _combine_units(unit_hash: np.ndarray, first_unit: np.ndarray, counts: np.nda
         np.multiply(unit_hash[i : i + windows], _U64(_weight(i)), out=scratch)
         acc += scratch
     g = _ragged_index(first_unit, counts)
-    return fmix64(acc[g]), g
+    return fmix64(acc[g] ^ _U64(domain)), g
 
 
 def shingle_batch(norm: NormalizedBatch, config: DedupConfig) -> Shingles:
@@ -281,7 +286,7 @@ def _word_shingles(data, starts, ends, spaces, rows, n_words, ngram):
     word_end[last_word] = ends[rows]
     word_end[not_last] = spaces
     unit = _unit_hashes(data, word_start, word_end - word_start)
-    h, g = _combine_units(unit, first_word, k - ngram + 1, ngram)
+    h, g = _combine_units(unit, first_word, k - ngram + 1, ngram, _WORDS)
     return None, h, word_start[g], word_end[g + ngram - 1]
 
 
@@ -305,7 +310,7 @@ def _char_shingles(data, starts, ends, rows, n):
     cp_end[last_cp[has]] = ends[rows][has]
     counts = np.maximum(n_cps - n + 1, 0)
     unit = _unit_hashes(data, cp_start, cp_end - cp_start)
-    h, g = _combine_units(unit, first_cp, counts, n)
+    h, g = _combine_units(unit, first_cp, counts, n, _CHARS)
     return counts, h, cp_start[g], cp_end[g + n - 1]
 
 

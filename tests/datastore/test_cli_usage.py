@@ -26,6 +26,7 @@ from tests.datastore.conftest import run_cli_process
         ["gc", "--grace", "-5"],
         ["dedup", "--threshold", "1.5"],
         ["dedup", "--threshold", "0"],
+        ["dedup", "--num-perm", "0"],
         ["cache", "stats", "--ram-bytes", "1e400"],
         ["cache", "stats", "--ram-bytes", "9" * 400],
         ["ingest", "x.jsonl", "--shard-size", "0"],

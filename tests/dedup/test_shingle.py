@@ -3,7 +3,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedup import DedupConfig, shingles
+from dedup import DedupConfig, find_duplicates, shingles
 from dedup.normalize import normalize_array
 from dedup.shingle import char_shingle_hash64, shingle_batch, unit_hash64, word_shingle_hash64
 from dedup.status import Status
@@ -69,3 +69,16 @@ def test_max_doc_bytes_marks_too_large():
     sh = shingle_batch(norm, DedupConfig(max_doc_bytes=100))
     assert list(sh.status) == [Status.TOO_LARGE, Status.WORDS]
     assert np.diff(sh.offsets).tolist() == [0, 2]
+
+
+def test_a_word_shingle_never_hashes_as_the_char_shingle_of_its_letters():
+    # Units are words in one mode, code points in the other: without a domain per mode,
+    # b"h e l l o" (5 one-letter words) and b"hello" (5 code points) hashed alike.
+    assert word_shingle_hash64(b"h e l l o") != char_shingle_hash64(b"hello")
+    norm = normalize_array(pa.array(["helloworld", "h e l l o w o r l d"]))
+    sh = shingle_batch(norm, DedupConfig())
+    assert [Status(s) for s in sh.status] == [Status.CHARS, Status.WORDS]
+    first, second = (set(sh.hash64[sh.offsets[i] : sh.offsets[i + 1]].tolist()) for i in range(2))
+    assert not first & second
+    result = find_duplicates(pa.table({"text": ["helloworld", "h e l l o w o r l d"]}), column="text")
+    assert result.removed_records == 0
