@@ -119,8 +119,7 @@ class Repo:
         writing ``.dataset/``. ``options`` go to the store backend (e.g. ``endpoint``).
         """
         url = normalize_url(_path_or_url(url))
-        if workspace is not None:
-            Workspace.check_repoint(workspace, url)  # before anything is created
+        old_workspace = Workspace.check_repoint(workspace, url) if workspace is not None else None
         try:
             store = open_store(url, **options)
             ensure_bucket = getattr(store, "ensure_bucket", None)
@@ -132,7 +131,7 @@ class Repo:
                 raise
             raise BadInputError(f"cannot create a repository there: {e.strerror or e}", subject=url) from e
         ws = (
-            Workspace.create(workspace, url, settings=_public_options(options))
+            Workspace.create(workspace, url, settings=_public_options(options), existing=old_workspace)
             if workspace is not None
             else None
         )

@@ -31,7 +31,7 @@ from cachetier.pages import drop_mapping
 from cachetier.tiered import StreamingDecoder, TieredStore
 from datastore.repo import Repo, schema_from_dict
 from datastore.shards import read_shard, shard_batches
-from versioning import ShardTable
+from versioning import ShardTable, load_shard_table
 
 __all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "open_shard_source"]
 
@@ -151,8 +151,7 @@ class RepoShardSource:
 def _shard_table(repo: Repo, data_hash: str, cache: TieredStore | None) -> ShardTable:
     """A version's shard table, read through the cache when there is one, so a version
     warmed into the cache (``dataset cache warm``) streams without the object store."""
-    data = cache.get(data_hash) if cache is not None else repo.objects.get(data_hash)
-    return ShardTable.decode(data, subject=f"shard table {data_hash}")
+    return load_shard_table(cache if cache is not None else repo.objects, data_hash)  # type: ignore[arg-type]
 
 
 def open_shard_source(

@@ -75,12 +75,17 @@ class Workspace:
 
     @classmethod
     def create(
-        cls, root: str | os.PathLike[str], repo_url: str, *, settings: dict[str, Any] | None = None
+        cls,
+        root: str | os.PathLike[str],
+        repo_url: str,
+        *,
+        settings: dict[str, Any] | None = None,
+        existing: Workspace | None = None,
     ) -> Workspace:
         """Write a new workspace (or re-point an existing one at ``repo_url``: see
-        :meth:`check_repoint`)."""
+        :meth:`check_repoint`; ``existing`` is what that returned, when the caller ran it)."""
         ws = cls(Path(root).absolute(), repo_url, settings=dict(settings or {}))
-        old = cls.check_repoint(root, repo_url)
+        old = existing if existing is not None else cls.check_repoint(root, repo_url)
         if old is not None and normalize_url(old.repo_url) == normalize_url(repo_url):
             ws.head, ws.settings = old.head, {**old.settings, **ws.settings}
         ws.save()

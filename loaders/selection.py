@@ -28,7 +28,7 @@ from loaders.columns import Kind
 from loaders.decoded import unknown_column
 from loaders.source import ChunkReader
 
-__all__ = ["CHUNKS", "DATA", "Selection", "check_columns", "is_files_schema", "select"]
+__all__ = ["CHUNKS", "DATA", "Selection", "check_columns", "select"]
 
 DATA = "data"
 CHUNKS = "chunks"
@@ -111,20 +111,6 @@ def check_columns(columns: str | Iterable[str] | None) -> tuple[str, ...] | None
     return names
 
 
-def is_files_schema(schema: pa.Schema) -> bool:
-    """Whether ``schema`` is a ``files`` dataset's: ``path``, binary ``data``, ``chunks`` of ids."""
-    names = set(schema.names)
-    if not {_PATH, DATA, CHUNKS} <= names:
-        return False
-    data, chunks = schema.field(DATA).type, schema.field(CHUNKS).type
-    listed = pa.types.is_list(chunks) or pa.types.is_large_list(chunks)
-    return (
-        (pa.types.is_binary(data) or pa.types.is_large_binary(data))
-        and listed
-        and (pa.types.is_string(chunks.value_type) or pa.types.is_large_string(chunks.value_type))
-    )
-
-
 def select(columns: tuple[str, ...] | None, schema: pa.Schema | None) -> Selection:
     """What to read for ``columns`` (from :func:`check_columns`) of a version with ``schema``
     (None: unknown, the columns are checked when a shard is read)."""
@@ -136,6 +122,8 @@ def select(columns: tuple[str, ...] | None, schema: pa.Schema | None) -> Selecti
         unknown = [c for c in columns if c not in names and not c.startswith("__")]
         if unknown:
             raise unknown_column(unknown[0], names, "this version")
+    from datastore.files import is_files_schema  # imported here: loaders need no datastore to import
+
     if not is_files_schema(schema):
         return Selection(columns)
     if columns is None:  # every visible column is read, chunks among them
