@@ -140,8 +140,7 @@ def _child_ingest(
 ) -> _ChildResult:
     """The child's work: ingest ``entries`` (the files from ``offset`` on) from the first
     position where a cut is sure, through an uploader and object store of its own."""
-    theirs = parent_up.objects
-    objects = ObjectStore(theirs.store, algorithm=theirs.algorithm, max_workers=theirs.max_workers)
+    objects = parent_up.objects.sibling()
     up = parent_up.sibling(objects)
     if index is not None:
         index.record_changes()

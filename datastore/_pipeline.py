@@ -7,7 +7,9 @@ cores while the main thread reads and hashes records. Work in flight is bounded 
 Only content-addressed objects are written; what they mean is decided by the caller.
 Objects below :data:`~cachetier.packs.PACK_MEMBER_LIMIT` (shards of a files dataset,
 small chunks) are collected into packs of about 16 MiB, so small shards keep edits cheap
-without one store request per shard; larger objects are stored standalone.
+without one store request per shard; larger objects are stored standalone, and a large
+shard much like one stored before (an edited version of it) as a delta over it
+(:mod:`datastore.shardpatch`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from cachetier.deltas import MAX_DEPTH
+from cachetier.errors import IntegrityError, NotFoundError
 from cachetier.objects import ObjectStore, object_key
 from cachetier.packs import PACK_MEMBER_LIMIT
 from datastore.ingestindex import IngestIndex
-from datastore.shards import PendingShard, ShardInfo, ShardOptions, encode_shard
+from datastore.shardpatch import anchors, make_shard_delta
+from datastore.shards import EncodedShard, PendingShard, ShardInfo, ShardOptions, encode_shard
 
-__all__ = ["Uploader", "read_ahead", "store_pending", "store_pending_many"]
+__all__ = ["Uploader", "read_ahead", "store_as_delta", "store_pending", "store_pending_many"]
 
 T = TypeVar("T")
 
@@ -79,17 +84,18 @@ class Uploader:
         with self._cond:
             self._raise_failure()
 
-    def put(self, oid: str, data: bytes) -> bool:
+    def put(self, oid: str, data: bytes, *, shard: bool = False) -> bool:
         """Store an object unless it exists; True when it was new. Safe in any thread.
 
         A small object is new once it is in the open pack; it is stored when the pack is.
         Small objects are looked up among packs only (see
-        :meth:`~cachetier.objects.ObjectStore.touch_if_packed`).
+        :meth:`~cachetier.objects.ObjectStore.touch_if_packed`); large ones also among
+        deltas when they are ``shard`` s (only shards are stored as deltas).
         """
         if len(data) < self._pack_below:
             if self.objects.touch_if_packed(oid) or not self._packer.add(oid, data):
                 return False  # packed already, or queued by this ingest
-        elif self.objects.touch_if_exists(oid):
+        elif self.objects.touch_if_exists(oid, deltas=shard):
             return False
         else:
             self.objects.store.put(object_key(oid), data)
@@ -97,6 +103,18 @@ class Uploader:
             self.new_objects += 1
             self.new_bytes += len(data)
         return True
+
+    def put_delta(self, oid: str, delta: bytes) -> None:
+        """Store ``oid`` as ``delta`` (the caller found it not stored). Safe in any thread."""
+        self.objects.put_delta(oid, delta)
+        with self._lock:
+            self.new_objects += 1
+            self.new_bytes += len(delta)
+
+    @property
+    def pack_below(self) -> int:
+        """Objects smaller than this go into packs."""
+        return self._pack_below
 
     def count_reused(self) -> None:
         with self._lock:
@@ -156,10 +174,44 @@ def store_pending(
     if callable(pending):
         pending = pending()
     encoded = encode_shard(pending, options)
-    up.put(encoded.hash, encoded.data)
-    if index is not None and key is not None:
-        index.remember_shard(key, encoded.info)
+    large = len(encoded.data) >= max(up.pack_below, 1)
+    sketch = anchors(pending.hashes) if index is not None and large else []
+    base = index.similar_shard(sketch, exclude=encoded.hash) if index is not None and sketch else None
+    if base is None or not store_as_delta(up, encoded, pending, options, base):
+        up.put(encoded.hash, encoded.data, shard=True)
+    if index is not None:
+        if key is not None:
+            index.remember_shard(key, encoded.info)
+        index.remember_anchors(encoded.hash, sketch)
     return encoded.info
+
+
+def store_as_delta(
+    up: Uploader,
+    shard: EncodedShard,
+    pending: PendingShard,
+    options: ShardOptions,
+    base: str,
+    base_data: bytes | None = None,
+) -> bool:
+    """Store ``shard`` as a delta over the stored shard ``base`` (whose bytes the caller
+    may have read already); False when that does not pay off, and the caller stores the
+    shard whole. True also when the shard is stored already."""
+    if up.objects.touch_if_exists(shard.hash):
+        return True
+    if not up.objects.touch_if_exists(base):  # touched: gc's grace period now covers it
+        return False
+    try:
+        root, depth = _base_within_depth(up.objects, base)
+        if base_data is None or root != base:
+            base_data = up.objects.get(root)
+    except (NotFoundError, IntegrityError):
+        return False  # a damaged base is verify's to report; this shard is stored whole
+    delta = make_shard_delta(shard, pending, options, root, base_data, depth)
+    if delta is None:
+        return False
+    up.put_delta(shard.hash, delta)
+    return True
 
 
 def store_pending_many(
@@ -170,6 +222,19 @@ def store_pending_many(
 ) -> list[ShardInfo]:
     """Store several shards in order (see :func:`store_pending`): one job for many small shards."""
     return [store_pending(up, pending, key, options, index) for pending, key in items]
+
+
+def _base_within_depth(objects: ObjectStore, base: str) -> tuple[str, int]:
+    """``base`` and its delta depth, or, when a delta over it would make too long a chain,
+    the whole object at the root of its chain (edits since then make a larger delta, but
+    reads rebuild at most :data:`~cachetier.deltas.MAX_DEPTH` times)."""
+    found = objects.delta_of(base)
+    if found is None or found[1] < MAX_DEPTH:
+        return base, found[1] if found else 0
+    while found is not None:
+        base = found[0]
+        found = objects.delta_of(base)
+    return base, 0
 
 
 def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cachetier.errors import BadInputError, StoreUnavailableError
-from datastore._pipeline import Uploader
+from datastore._pipeline import Uploader, store_as_delta
 from datastore.recordhash import hash_records
 from datastore.shards import PendingShard, ShardOptions, encode_shard, read_shard
 from dedup import DedupConfig, DedupResult, find_duplicates
@@ -228,11 +228,15 @@ def dedup_shards(
                 continue
             if not mask.any():
                 continue
-            full = read_shard(repo.objects.get(entry.hash))
-            kept = full.filter(pa.array(mask))
+            data = repo.objects.get(entry.hash)
+            kept = read_shard(data).filter(pa.array(mask))
             digests = hash_records(kept)
-            encoded = encode_shard(PendingShard(kept, digests.hashes, digests.sizes), options)
-            up.put(encoded.hash, encoded.data)
+            pending = PendingShard(kept, digests.hashes, digests.sizes)
+            encoded = encode_shard(pending, options)
+            # The shard less its duplicates: a delta over the shard it came from, when large.
+            large = len(encoded.data) >= up.pack_below
+            if not (large and store_as_delta(up, encoded, pending, options, entry.hash, data)):
+                up.put(encoded.hash, encoded.data, shard=True)
             entries.append(
                 ShardEntry(
                     encoded.hash,
@@ -248,11 +252,11 @@ def dedup_shards(
 
 def read_shard_column(url: str, oid: str, column: str, algorithm: str) -> pa.Table:
     """Read one column of shard ``oid`` from the repository at ``url`` (runs on dask workers)."""
-    from cachetier.objects import ObjectStore
     from cachetier.registry import open_store
+    from datastore.shardpatch import shard_objects
 
     with open_store(url) as store:
-        return read_shard(ObjectStore(store, algorithm=algorithm).get(oid), [column])
+        return read_shard(shard_objects(store, algorithm=algorithm).get(oid), [column])
 
 
 def write_audit(repo: Repo, result: DedupResult) -> str:

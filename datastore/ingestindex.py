@@ -10,7 +10,10 @@ few tens of milliseconds) that remembers:
   shard's id and counts, so an unchanged shard is not encoded again (its object is
   checked to exist before it is reused);
 - per tabular **source** (path, size, mtime_ns): the schema the last ingest settled on,
-  so a source whose types widen midway does not restart the ingest every time.
+  so a source whose types widen midway does not restart the ingest every time;
+- per large stored **shard**: its anchors (a bottom-k sketch of its record hashes, see
+  :mod:`datastore.shardpatch`), so a shard rewritten by an edit can be stored as a delta
+  over the shard it replaces.
 
 It is a cache: a missing, unreadable or foreign (other repository, other format) index
 is an empty one, and losing it costs time, never correctness. Like git and DVC it trusts
@@ -38,6 +41,7 @@ __all__ = ["RACY_NS", "FileHit", "IngestIndex"]
 INDEX_FORMAT = 1
 RACY_NS = 100_000_000  # 0.1 s: above the mtime granularity of ext4, xfs, btrfs, tmpfs
 _SHARD_CAPACITY = 200_000
+_ANCHOR_CAPACITY = 400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class IngestIndex:
         self._file_scope = ""
         self._shards: dict[str, list] = {}
         self._schemas: dict[str, list] = {}
+        self._anchors: dict[str, str] = {}  # anchor -> shard id, oldest first
         self._generation = 0
         self._changes: list[tuple] | None = None
         self.dirty = False
@@ -78,6 +83,7 @@ class IngestIndex:
             index._file_scope = str(raw["file_scope"])
             index._shards = dict(raw["shards"])
             index._schemas = dict(raw["schemas"])
+            index._anchors = {str(k): str(v) for k, v in raw.get("anchors", {}).items()}
             index._generation = int(raw["generation"]) + 1
         except (KeyError, TypeError, ValueError):
             return cls(path, repo)
@@ -196,6 +202,27 @@ class IngestIndex:
             self._changes.append(("shard", key, entry))
         self.dirty = True
 
+    def remember_anchors(self, shard_id: str, anchors: Sequence[str]) -> None:
+        """Remember the anchors of a stored shard (see :meth:`similar_shard`)."""
+        for anchor in anchors:
+            self._anchors.pop(anchor, None)  # re-inserted as the newest
+            self._anchors[anchor] = shard_id
+        if self._changes is not None:
+            self._changes.append(("anchors", shard_id, list(anchors)))
+        self.dirty = self.dirty or bool(anchors)
+
+    def similar_shard(self, anchors: Sequence[str], *, exclude: str = "") -> str | None:
+        """The remembered shard sharing the most of ``anchors`` (at least two), or None."""
+        votes: dict[str, int] = {}
+        for anchor in anchors:
+            shard_id = self._anchors.get(anchor)
+            if shard_id is not None and shard_id != exclude:
+                votes[shard_id] = votes.get(shard_id, 0) + 1
+        if not votes:
+            return None
+        best = max(votes, key=lambda k: votes[k])
+        return best if votes[best] >= 2 else None
+
     # ---------------------------------------------------------------- another process's changes
 
     def record_changes(self) -> None:
@@ -213,6 +240,8 @@ class IngestIndex:
             if change[0] == "file":
                 _, scope, abspath, value = change
                 self._set_file(scope, abspath, value)
+            elif change[0] == "anchors":
+                self.remember_anchors(change[1], change[2])
             else:
                 _, key, entry = change
                 self._shards[key] = [*entry[:5], self._generation]
@@ -248,6 +277,8 @@ class IngestIndex:
         if len(self._shards) > _SHARD_CAPACITY:
             newest = sorted(self._shards.items(), key=lambda kv: kv[1][5], reverse=True)
             self._shards = dict(newest[:_SHARD_CAPACITY])
+        if len(self._anchors) > _ANCHOR_CAPACITY:
+            self._anchors = dict(list(self._anchors.items())[-_ANCHOR_CAPACITY:])
         payload = {
             "format": INDEX_FORMAT,
             "repo": self.repo,
@@ -256,6 +287,7 @@ class IngestIndex:
             "files": self._files,
             "shards": self._shards,
             "schemas": self._schemas,
+            "anchors": self._anchors,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".ingest-index.", dir=self.path.parent)

@@ -8,6 +8,8 @@ so it never removes what a running ingest or commit is about to reference; objec
 staged in this workspace are kept whatever their age. Packs are transparent to
 ``verify`` (a packed object is read and checked by its own id; a missing pack makes
 each of its members missing) and removed whole by ``gc`` once no member is reachable.
+So are deltas: ``verify`` rebuilds an object stored as one and checks it (a missing
+base makes it missing), and ``gc`` keeps the base of every delta it keeps.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:
 def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
     """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``.
 
-    Each item is ``{"kind" (object | version | pack | temp), "id", "key", "size"}``; a pack
+    Each item is ``{"kind" (object | version | pack | delta | temp), "id", "key", "size"}``; a pack
     also lists its ``members`` (object ids) and counts as one item. ``temp`` is the temp
     file of a write that never finished (a process killed mid-write; local stores), with
     ``id`` null, removed once older than the grace period like everything else.

@@ -29,9 +29,9 @@ import pyarrow as pa
 
 from cachetier.errors import BadInputError, ConflictError, NotFoundError, TierdataError, UsageError
 from cachetier.hashing import DEFAULT_HASH
-from cachetier.objects import ObjectStore
 from cachetier.registry import normalize_url, open_store
 from cachetier.store import Store
+from datastore.shardpatch import shard_objects
 from datastore.workspace import Head, Workspace, find_workspace
 from versioning import (
     RefStore,
@@ -89,7 +89,7 @@ class Repo:
         self.store = store
         self.url = store.url
         self.algorithm = algorithm
-        self.objects = ObjectStore(store, algorithm=algorithm)
+        self.objects = shard_objects(store, algorithm=algorithm)
         self.refs = RefStore(store, algorithm=algorithm)
         self.workspace = workspace
         self._head = workspace.head if workspace else Head(branch=DEFAULT_BRANCH)

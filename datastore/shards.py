@@ -53,6 +53,8 @@ __all__ = [
     "ShardInfo",
     "ShardOptions",
     "ShardWriter",
+    "batch_ends",
+    "encode_rows",
     "encode_shard",
     "read_record_hashes",
     "read_shard",
@@ -335,11 +337,7 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
             else _fresh(pending.hashes.slice(start, end - start))
         )
         batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema, options=_write_options(options.compression_level)) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    data = sink.getvalue().to_pybytes()
+    data = _write_file(schema, batches, options.compression_level)
     return EncodedShard(
         hash=content_hash(data, options.algorithm),
         data=data,
@@ -348,6 +346,31 @@ def encode_shard(pending: PendingShard, options: ShardOptions | None = None) -> 
         uncompressed_bytes=sum(b.get_total_buffer_size() for b in batches),
         chunks=_referenced_chunks(table),
     )
+
+
+def encode_rows(table: pa.Table, batch_ends: Sequence[int], compression_level: int) -> bytes:
+    """Encode ``table`` (a shard's columns, hidden ones included, with the shard schema)
+    into record batches ending before each of ``batch_ends``, as :func:`encode_shard`
+    does: equal columns, cuts and level give the bytes ``encode_shard`` gave."""
+    batches, start = [], 0
+    for end in batch_ends:
+        columns = [_fresh(column.slice(start, end - start)) for column in table.columns]
+        batches.append(pa.RecordBatch.from_arrays(columns, schema=table.schema))
+        start = end
+    return _write_file(table.schema, batches, compression_level)
+
+
+def batch_ends(sizes: np.ndarray, options: ShardOptions) -> list[int]:
+    """Where :func:`encode_shard` ends the record batches of a shard of records of ``sizes``."""
+    return [end for _start, end in _batch_ranges(sizes, options.batch_bytes)]
+
+
+def _write_file(schema: pa.Schema, batches: list[pa.RecordBatch], compression_level: int) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema, options=_write_options(compression_level)) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
 
 
 @functools.lru_cache(maxsize=8)

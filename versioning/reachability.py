@@ -18,6 +18,11 @@ any member is reachable, and deleted whole (index first) once none is and the pa
 older than the grace period; a pack's age is that of its newer key (reusing a member
 touches the index). A pack without an index (a crash between the two writes) is garbage
 once old enough. A mostly dead pack is kept whole: nothing is repacked.
+
+An object stored as a delta (``deltas/``, see :mod:`cachetier.deltas`) needs its base:
+the base of every delta whose object is reachable, or that is younger than the grace
+period (an ingest in flight may be about to commit it), is kept, and so on down the
+chain. A delta whose object nothing reaches is deleted like an object.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
+from cachetier.deltas import delta_key
 from cachetier.errors import BadInputError, NotFoundError
 from cachetier.hashing import is_object_id
 from cachetier.objects import ObjectStore, object_key
 from cachetier.packs import StoredPack, index_key, index_oids, list_packs, pack_key, read_index
-from cachetier.store import Store
+from cachetier.store import ObjectInfo, Store
 from versioning.history import VERSIONS_PREFIX, load_version, version_key
 from versioning.refs import RefStore
 from versioning.shardtable import load_shard_table
@@ -57,7 +63,7 @@ class UnreachableItem:
     ``members`` the object ids it holds; ``size`` counts both keys.
     """
 
-    kind: Literal["object", "version", "pack"]
+    kind: Literal["object", "version", "pack", "delta"]
     oid: str
     key: str
     size: int
@@ -128,11 +134,19 @@ def unreachable(
         for info in store.list(VERSIONS_PREFIX)
         if info.mtime < cutoff and is_object_id(info.key[len(VERSIONS_PREFIX) :])
     ]
-    live = reachable(store, objects, keep=keep)
+    all_deltas = list(objects.list_deltas())
+    reached = reachable(store, objects, keep=keep)
+    young = {oid for oid, info in all_deltas if info.mtime >= cutoff}
+    live = Reachable(reached.versions, _with_delta_bases(objects, reached.objects, young, all_deltas))
     garbage = [
         UnreachableItem("object", oid, object_key(oid), info.size, info.mtime)
         for oid, info in stored_objects
         if oid not in live.objects
+    ]
+    garbage += [
+        UnreachableItem("delta", oid, delta_key(oid), info.size, info.mtime)
+        for oid, info in all_deltas
+        if oid not in live.objects and oid not in young
     ]
     garbage += [
         UnreachableItem("version", vid, version_key(vid), info.size, info.mtime)
@@ -141,6 +155,22 @@ def unreachable(
     ]
     garbage += _dead_packs(store, stored_packs, live.objects, objects.max_workers)
     return sorted(garbage, key=lambda item: item.key)
+
+
+def _with_delta_bases(
+    objects: ObjectStore, live: frozenset[str], young: set[str], deltas: list[tuple[str, ObjectInfo]]
+) -> frozenset[str]:
+    """``live`` plus the bases that live or young deltas rebuild from, down every chain.
+    A delta header that cannot be read raises (fail closed: its base might be live)."""
+    stored = {oid for oid, _info in deltas}
+    keep = set(live)
+    pending = [oid for oid in stored if oid in live or oid in young]
+    with ThreadPoolExecutor(max(1, objects.max_workers)) as pool:
+        while pending:  # one round per level of the chains
+            bases = [found[0] for found in pool.map(objects.delta_of, pending) if found is not None]
+            pending = [base for base in set(bases) - keep if base in stored]
+            keep.update(bases)
+    return frozenset(keep)
 
 
 def _dead_packs(

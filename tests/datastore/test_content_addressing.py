@@ -77,7 +77,7 @@ def _small_files(root: Path, n: int, seed: int) -> None:
 
 
 def _stored_bytes(repo: Repo) -> int:
-    return sum(info.size for prefix in ("objects/", "packs/") for info in repo.store.list(prefix))
+    return sum(info.size for prefix in ("objects/", "packs/", "deltas/") for info in repo.store.list(prefix))
 
 
 def test_small_files_are_stored_in_a_few_packs(cli, repo_url: str, tmp_path: Path) -> None:
