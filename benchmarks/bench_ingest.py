@@ -141,8 +141,8 @@ def dir_bytes(path: Path) -> int:
 
 
 def repo_bytes(path: Path) -> int:
-    """Stored data bytes: objects and packs of a tierdata repository, else the whole folder."""
-    parts = [path / "objects", path / "packs"]
+    """Stored data bytes: objects, packs and deltas of a tierdata repository, else the whole folder."""
+    parts = [path / "objects", path / "packs", path / "deltas"]
     if not parts[0].exists():
         return dir_bytes(path)
     return sum(dir_bytes(p) for p in parts if p.exists())

@@ -25,7 +25,7 @@ from cachetier.errors import IntegrityError, NotFoundError
 from cachetier.objects import ObjectStore, object_key
 from cachetier.packs import PACK_MEMBER_LIMIT
 from datastore.ingestindex import IngestIndex
-from datastore.shardpatch import anchors, make_shard_delta
+from datastore.shardpatch import DeltaChecks, anchors, make_shard_delta
 from datastore.shards import EncodedShard, PendingShard, ShardInfo, ShardOptions, encode_shard
 
 __all__ = ["Uploader", "read_ahead", "store_as_delta", "store_pending", "store_pending_many"]
@@ -56,6 +56,7 @@ class Uploader:
         self.new_objects = 0
         self.new_bytes = 0
         self.reused_shards = 0
+        self.delta_checks = DeltaChecks()
 
     def submit(self, weight: int, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue ``fn(*args)``, first waiting until ``weight`` more bytes fit the budget."""
@@ -207,9 +208,12 @@ def store_as_delta(
             base_data = up.objects.get(root)
     except (NotFoundError, IntegrityError):
         return False  # a damaged base is verify's to report; this shard is stored whole
-    delta = make_shard_delta(shard, pending, options, root, base_data, depth)
+    exact = up.delta_checks.exact_needed(shard)
+    delta = make_shard_delta(shard, pending, options, root, base_data, depth, exact=exact)
     if delta is None:
         return False
+    if exact:
+        up.delta_checks.passed(shard)
     up.put_delta(shard.hash, delta)
     return True
 

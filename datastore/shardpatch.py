@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Sequence
 
 import blake3
@@ -43,6 +44,7 @@ from datastore.shards import EncodedShard, PendingShard, ShardOptions, batch_end
 __all__ = [
     "ANCHORS",
     "CODEC",
+    "DeltaChecks",
     "ShardRebuilder",
     "anchors",
     "delta_payload",
@@ -99,20 +101,34 @@ def make_shard_delta(
     base: str,
     base_data: bytes,
     base_depth: int,
+    *,
+    exact: bool = True,
 ) -> bytes | None:
     """The stored delta for ``shard`` over the shard ``base`` (whose bytes are ``base_data``
     and which is itself a delta ``base_depth`` deep, 0 when stored whole), or None when a
     delta would not pay: another schema, too few shared records, too deep a chain, more
-    than half the size, or (never expected) a rebuild that does not give the shard's bytes."""
+    than half the size, or (never expected) a rebuild that does not give the shard.
+
+    ``exact`` checks that the rebuild gives the shard's very bytes (an encode of the whole
+    shard); without it, that it gives the shard's columns, which the encoder turns into
+    the same bytes (callers check ``exact`` once per schema: see :class:`DeltaChecks`).
+    """
     if base_depth + 1 > MAX_DEPTH:
         return None
-    payload = delta_payload(shard, pending, options, base_data)
-    if payload is None:
+    base_table = read_shard(base_data, with_hidden=True)
+    made = _payload(shard, pending, options, base_table)
+    if made is None:
         return None
+    payload, target = made
     delta = encode_delta(shard.hash, base, base_depth + 1, CODEC, payload)
     if len(delta) > _MAX_DELTA_FRACTION * len(shard.data):
         return None
-    if ShardRebuilder()(base_data, payload, f"shard {shard.hash}") != shard.data:
+    subject = f"shard {shard.hash}"
+    header, new_data = _parse(payload)
+    rebuilt = _rebuild_table(base_table, read_shard(new_data, with_hidden=True), header, subject)
+    if not rebuilt.equals(target):
+        return None
+    if exact and encode_rows(rebuilt, header["batches"], header["level"]) != shard.data:
         return None
     return delta
 
@@ -122,7 +138,14 @@ def delta_payload(
 ) -> bytes | None:
     """The :data:`CODEC` payload that rebuilds ``shard`` from the shard ``base_data``, or
     None when they differ in schema or share less than half of the shard's records."""
-    base_table = read_shard(base_data, with_hidden=True)
+    made = _payload(shard, pending, options, read_shard(base_data, with_hidden=True))
+    return None if made is None else made[0]
+
+
+def _payload(
+    shard: EncodedShard, pending: PendingShard, options: ShardOptions, base_table: pa.Table
+) -> tuple[bytes, pa.Table] | None:
+    """The payload, and the shard's columns (hidden ones included) it must rebuild."""
     schema = pa.ipc.open_file(pa.py_buffer(shard.data)).schema
     if not base_table.schema.equals(schema, check_metadata=True):
         return None
@@ -142,7 +165,34 @@ def delta_payload(
         "arrow": pa.__version__,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    return _LENGTH.pack(len(head)) + head + new_data
+    return _LENGTH.pack(len(head)) + head + new_data, full
+
+
+class DeltaChecks:
+    """Which schemas have had a delta checked byte for byte in this ingest (thread-safe).
+
+    How Arrow encodes columns depends on their types, not their values: once a rebuild
+    of one shard of a schema gave its exact bytes, the next shards of that schema are
+    checked column by column (cheaper than encoding them again). Every read checks the id.
+    """
+
+    def __init__(self) -> None:
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def exact_needed(self, shard: EncodedShard) -> bool:
+        """True for the first shard of its schema (and until one of them passes)."""
+        with self._lock:
+            return _schema_key(shard) not in self._done
+
+    def passed(self, shard: EncodedShard) -> None:
+        """Record that a delta of ``shard``'s schema rebuilt its exact bytes."""
+        with self._lock:
+            self._done.add(_schema_key(shard))
+
+
+def _schema_key(shard: EncodedShard) -> str:
+    return pa.ipc.open_file(pa.py_buffer(shard.data)).schema.to_string(show_schema_metadata=True)
 
 
 def _locate(base: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -184,21 +234,45 @@ class ShardRebuilder:
     codec = CODEC
 
     def __call__(self, base: bytes, payload: bytes, subject: str) -> bytes:
+        header, new_data = _parse(payload, subject)
         try:
-            (length,) = _LENGTH.unpack_from(payload)
-            header = json.loads(payload[_LENGTH.size : _LENGTH.size + length])
-            new_data = memoryview(payload)[_LENGTH.size + length :]
             base_table = read_shard(base, with_hidden=True)
             new_table = read_shard(new_data, with_hidden=True)
-            if not new_table.schema.equals(base_table.schema, check_metadata=True):
-                raise IntegrityError("delta's records have another schema than its base", subject=subject)
-            rows = _expand(header["runs"])
-            available = base_table.num_rows + new_table.num_rows
-            if len(rows) != header["records"] or (len(rows) and (rows.min() < 0 or rows.max() >= available)):
-                raise IntegrityError("delta names rows its base and records do not hold", subject=subject)
-            table = pa.concat_tables([base_table, new_table]).take(pa.array(rows))
-            if _digest(table.column(HASH_COLUMN)) != header["digest"]:
-                raise IntegrityError("shard rebuilt from its delta holds other records", subject=subject)
+        except IntegrityError as e:
+            raise IntegrityError(f"delta cannot be applied: {e.message}", subject=subject) from e
+        table = _rebuild_table(base_table, new_table, header, subject)
+        try:
             return encode_rows(table, header["batches"], header["level"])
-        except (struct.error, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+        except (pa.ArrowException, TypeError, ValueError) as e:
             raise IntegrityError(f"delta cannot be applied: {e}", subject=subject) from e
+
+
+def _parse(payload: bytes, subject: str = "delta") -> tuple[dict, memoryview]:
+    """A payload's header and its new records' bytes."""
+    try:
+        (length,) = _LENGTH.unpack_from(payload)
+        header = json.loads(payload[_LENGTH.size : _LENGTH.size + length])
+    except (struct.error, ValueError) as e:
+        raise IntegrityError(f"delta cannot be applied: {e}", subject=subject) from e
+    fields = ("records", "level", "batches", "runs", "digest")
+    if not isinstance(header, dict) or any(k not in header for k in fields):
+        raise IntegrityError(f"delta header lacks one of {', '.join(fields)}", subject=subject)
+    return header, memoryview(payload)[_LENGTH.size + length :]
+
+
+def _rebuild_table(base_table: pa.Table, new_table: pa.Table, header: dict, subject: str) -> pa.Table:
+    """The shard's columns: the rows the runs name of ``base + new``, checked against the
+    recorded record hashes."""
+    if not new_table.schema.equals(base_table.schema, check_metadata=True):
+        raise IntegrityError("delta's records have another schema than its base", subject=subject)
+    try:
+        rows = _expand(header["runs"])
+    except (ValueError, TypeError) as e:
+        raise IntegrityError(f"delta cannot be applied: {e}", subject=subject) from e
+    available = base_table.num_rows + new_table.num_rows
+    if len(rows) != header["records"] or (len(rows) and (rows.min() < 0 or rows.max() >= available)):
+        raise IntegrityError("delta names rows its base and records do not hold", subject=subject)
+    table = pa.concat_tables([base_table, new_table]).take(pa.array(rows))
+    if _digest(table.column(HASH_COLUMN)) != header["digest"]:
+        raise IntegrityError("shard rebuilt from its delta holds other records", subject=subject)
+    return table
