@@ -106,6 +106,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/records-edit.json"))
     parser.add_argument("--no-dvc", action="store_true", help="tierdata only")
     args = parser.parse_args()
+    from benchmarks.bytecode import compile_bytecode
+
+    compile_bytecode()  # as pip does for the peers (see benchmarks/bytecode.py)
     rows = list(sample_records(args.records, seed=1))
     tools = {"tierdata": bench_tierdata} if args.no_dvc else {"tierdata": bench_tierdata, "dvc": bench_dvc}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}

@@ -156,20 +156,6 @@ class ObjectStore:
 
     def get(self, oid: str, *, verify: bool = True) -> bytes:
         """Return the bytes of ``oid``; raise NotFoundError or IntegrityError."""
-        try:
-            data = self._get_stored(oid)
-        except NotFoundError as missing:
-            try:
-                stored = self.store.get(delta_key(oid))
-            except NotFoundError:
-                raise missing from None
-            return self._rebuild(oid, decode_delta(stored, oid), verify)
-        if verify:
-            self.check(oid, data)
-        return data
-
-    def _get_stored(self, oid: str) -> bytes:
-        """The stored bytes of a standalone or packed ``oid``, unchecked."""
         seen = self.packs.generation
         member = self.packs.locate(oid)
         if member is not None:
@@ -178,6 +164,12 @@ class ObjectStore:
             try:
                 data = self.store.get(object_key(oid))
             except NotFoundError:
+                try:
+                    stored = self.store.get(delta_key(oid))
+                except NotFoundError:
+                    stored = None
+                if stored is not None:
+                    return self._rebuild(oid, decode_delta(stored, oid), verify)
                 # Maybe packed by another process since the pack map was read.
                 if not self.packs.refresh(seen):
                     raise
@@ -185,6 +177,8 @@ class ObjectStore:
                 if member is None:
                     raise
                 data = self._read_member(oid, member)
+        if verify:
+            self.check(oid, data)
         return data
 
     def _rebuild(self, oid: str, delta: Delta, verify: bool) -> bytes:
@@ -277,13 +271,12 @@ class ObjectStore:
         member = self.packs.locate(oid)
         if member is not None and self._pack_stored(member.packid):
             return True
-        if self.store.exists(object_key(oid)):
+        if self.store.exists(object_key(oid)) or self.store.exists(delta_key(oid)):
             return True
         if self.packs.refresh(seen):
             member = self.packs.locate(oid)
-            if member is not None and self._pack_stored(member.packid):
-                return True
-        return self.store.exists(delta_key(oid))
+            return member is not None and self._pack_stored(member.packid)
+        return False
 
     def _pack_stored(self, packid: str) -> bool:
         if self.packs.seen_within(packid, _TOUCH_INTERVAL):
