@@ -52,6 +52,7 @@ import xxhash
 
 from cachetier.errors import BadInputError, TierdataError
 from datastore._forklane import Lane, Send, can_fork
+from datastore._jsonl_writer import jsonl_bytes
 from datastore.chunking import read_chunks_to
 from datastore.shards import read_shard
 
@@ -305,6 +306,10 @@ def _write_part(table: pa.Table, path: Path, fmt: str) -> int:
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
                 for value in table.column("text").to_pylist():
                     f.write(("" if value is None else value) + "\n")
+        elif (buffers := jsonl_bytes(table)) is not None:
+            with open(tmp, "wb") as f:
+                for buffer in buffers:
+                    f.write(buffer)
         else:
             with open(tmp, "w", encoding="utf-8", newline="\n") as f:
                 for row in _json_rows(table):
