@@ -63,6 +63,10 @@ class Rebuilder(Protocol):
         """Return the rebuilt bytes; raise IntegrityError when the payload does not apply."""
         ...
 
+    def describe(self, payload: bytes) -> str:
+        """A few words on what wrote ``payload`` (for an error when a rebuild differs)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Delta:

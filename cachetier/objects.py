@@ -21,7 +21,6 @@ range of neighbouring members once instead of one request per member.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from cachetier.deltas import (
     DELTAS_PREFIX,
     HEADER_SIZE,
+    MAX_DEPTH,
     Delta,
     Rebuilder,
     decode_delta,
@@ -44,8 +44,6 @@ from cachetier.packs import PackMap, PackMember, PackWriter, index_key, pack_key
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["ObjectStore", "object_key"]
-
-log = logging.getLogger(__name__)
 
 OBJECTS_PREFIX = "objects/"
 # A pack touched (or found stored) this recently is not touched (or asked) again: a burst
@@ -82,7 +80,6 @@ class ObjectStore:
         self.max_workers = max_workers
         self.rebuilder = rebuilder
         self.packs = PackMap(store, max_workers=max_workers)
-        self._warned_inexact = False
 
     def sibling(self, store: Store | None = None) -> ObjectStore:
         """A new object store over ``store`` (default: the same one) with these settings."""
@@ -156,6 +153,10 @@ class ObjectStore:
 
     def get(self, oid: str, *, verify: bool = True) -> bytes:
         """Return the bytes of ``oid``; raise NotFoundError or IntegrityError."""
+        return self._get(oid, verify, MAX_DEPTH)
+
+    def _get(self, oid: str, verify: bool, max_depth: int) -> bytes:
+        """:meth:`get`, where a delta may be at most ``max_depth`` deep (0: stored whole)."""
         seen = self.packs.generation
         member = self.packs.locate(oid)
         if member is not None:
@@ -169,7 +170,7 @@ class ObjectStore:
                 except NotFoundError:
                     stored = None
                 if stored is not None:
-                    return self._rebuild(oid, decode_delta(stored, oid), verify)
+                    return self._rebuild(oid, decode_delta(stored, oid), verify, max_depth)
                 # Maybe packed by another process since the pack map was read.
                 if not self.packs.refresh(seen):
                     raise
@@ -181,8 +182,11 @@ class ObjectStore:
             self.check(oid, data)
         return data
 
-    def _rebuild(self, oid: str, delta: Delta, verify: bool) -> bytes:
+    def _rebuild(self, oid: str, delta: Delta, verify: bool, max_depth: int) -> bytes:
         subject = f"object {oid}"
+        if delta.depth > max_depth:
+            # A chain deeper than the delta that named this base says: damage, or a cycle.
+            raise IntegrityError("delta chain is deeper than its header says", subject=subject)
         if self.rebuilder is None or self.rebuilder.codec != delta.codec:
             raise IntegrityError(
                 f"object is stored as a {delta.codec!r} delta, which this reader cannot rebuild",
@@ -190,24 +194,23 @@ class ObjectStore:
                 hint="read it through a repository (datastore.Repo), whose object store knows shard deltas",
             )
         try:
-            base = self.get(delta.base)
+            base = self._get(delta.base, True, delta.depth - 1)
         except NotFoundError as e:
             raise NotFoundError(
-                f"object is stored as a delta of {delta.base}, which is missing",
+                f"object is stored as a delta of {delta.base}, which cannot be read: {e}",
                 subject=subject,
                 hint="run `dataset verify` to list every missing object",
             ) from e
         data = self.rebuilder(base, delta.payload, subject)
-        if verify and self.hash(data) != oid and not self._warned_inexact:
-            # The rebuilder checked every record against the record hashes the delta
-            # recorded; only the encoding differs (another Arrow or zstd encodes the
-            # same records into other bytes), so the records are right.
-            self._warned_inexact = True
-            log.warning(
-                "object %s was rebuilt from a delta into other bytes than it was written as "
-                "(another pyarrow than the one that wrote it); its records were checked one by one",
-                oid,
-            )
+        if verify:
+            actual = self.hash(data)
+            if actual != oid:
+                raise IntegrityError(
+                    f"rebuilt from its delta, the object hashes to {actual[:16]}… "
+                    f"({self.rebuilder.describe(delta.payload)})",
+                    subject=subject,
+                    hint="read it with the pyarrow that wrote it; `dataset verify` lists every such object",
+                )
         return data
 
     def delta_of(self, oid: str) -> tuple[str, int] | None:
@@ -262,17 +265,24 @@ class ObjectStore:
             )
 
     def exists(self, oid: str) -> bool:
-        """True when the object is stored (standalone, or in a pack whose index is stored).
+        """True when the object is stored (standalone, in a pack whose index is stored, or
+        as a delta whose chain of bases is stored).
 
         A pack found stored (or touched) in the last 2 s is not asked again, so checking
         the thousands of members of a few packs costs a few requests.
         """
+        return self._exists(oid, MAX_DEPTH)
+
+    def _exists(self, oid: str, max_depth: int) -> bool:
         seen = self.packs.generation
         member = self.packs.locate(oid)
         if member is not None and self._pack_stored(member.packid):
             return True
-        if self.store.exists(object_key(oid)) or self.store.exists(delta_key(oid)):
+        if self.store.exists(object_key(oid)):
             return True
+        chain = self.delta_of(oid)
+        if chain is not None:  # a delta is there only as much as its base is
+            return chain[1] <= max_depth and self._exists(chain[0], chain[1] - 1)
         if self.packs.refresh(seen):
             member = self.packs.locate(oid)
             return member is not None and self._pack_stored(member.packid)

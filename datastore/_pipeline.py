@@ -14,23 +14,27 @@ shard much like one stored before (an edited version of it) as a delta over it
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
 
 from cachetier.deltas import MAX_DEPTH
-from cachetier.errors import IntegrityError, NotFoundError
+from cachetier.errors import IntegrityError, NotFoundError, TierdataError
 from cachetier.objects import ObjectStore, object_key
 from cachetier.packs import PACK_MEMBER_LIMIT
 from datastore.ingestindex import IngestIndex
-from datastore.shardpatch import DeltaChecks, anchors, make_shard_delta
+from datastore.shardpatch import anchors, make_shard_delta
 from datastore.shards import EncodedShard, PendingShard, ShardInfo, ShardOptions, encode_shard
 
 __all__ = ["Uploader", "read_ahead", "store_as_delta", "store_pending", "store_pending_many"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Uploader:
@@ -56,7 +60,6 @@ class Uploader:
         self.new_objects = 0
         self.new_bytes = 0
         self.reused_shards = 0
-        self.delta_checks = DeltaChecks()
 
     def submit(self, weight: int, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue ``fn(*args)``, first waiting until ``weight`` more bytes fit the budget."""
@@ -85,18 +88,19 @@ class Uploader:
         with self._cond:
             self._raise_failure()
 
-    def put(self, oid: str, data: bytes, *, shard: bool = False) -> bool:
+    def put(self, oid: str, data: bytes, *, shard: bool = False, checked: bool = False) -> bool:
         """Store an object unless it exists; True when it was new. Safe in any thread.
 
         A small object is new once it is in the open pack; it is stored when the pack is.
         Small objects are looked up among packs only (see
         :meth:`~cachetier.objects.ObjectStore.touch_if_packed`); large ones also among
-        deltas when they are ``shard`` s (only shards are stored as deltas).
+        deltas when they are ``shard`` s (only shards are stored as deltas); ``checked``:
+        the caller found a large object not stored a moment ago (no second request).
         """
         if len(data) < self._pack_below:
             if self.objects.touch_if_packed(oid) or not self._packer.add(oid, data):
                 return False  # packed already, or queued by this ingest
-        elif self.objects.touch_if_exists(oid, deltas=shard):
+        elif not checked and self.objects.touch_if_exists(oid, deltas=shard):
             return False
         else:
             self.objects.store.put(object_key(oid), data)
@@ -178,13 +182,20 @@ def store_pending(
     large = len(encoded.data) >= max(up.pack_below, 1)
     sketch = anchors(pending.hashes) if index is not None and large else []
     base = index.similar_shard(sketch, exclude=encoded.hash) if index is not None and sketch else None
-    if base is None or not store_as_delta(up, encoded, pending, options, base):
-        up.put(encoded.hash, encoded.data, shard=True)
+    stored = store_as_delta(up, encoded, pending, options, base) if base is not None else "whole"
+    if stored == "no base":
+        index.forget_anchors_of(base)  # gc removed it: ask no more
+    if stored not in ("delta", "stored"):
+        up.put(encoded.hash, encoded.data, shard=True, checked=stored != "whole")
     if index is not None:
         if key is not None:
             index.remember_shard(key, encoded.info)
-        index.remember_anchors(encoded.hash, sketch)
+        if sketch:
+            index.remember_anchors(encoded.hash, sketch)
     return encoded.info
+
+
+DeltaOutcome = Literal["delta", "stored", "whole", "no base", "not stored"]
 
 
 def store_as_delta(
@@ -194,28 +205,28 @@ def store_as_delta(
     options: ShardOptions,
     base: str,
     base_data: bytes | None = None,
-) -> bool:
+) -> DeltaOutcome:
     """Store ``shard`` as a delta over the stored shard ``base`` (whose bytes the caller
-    may have read already); False when that does not pay off, and the caller stores the
-    shard whole. True also when the shard is stored already."""
+    may have read already). Returns ``"delta"`` when it did, ``"stored"`` when the shard
+    is stored already, and otherwise why the caller should store it whole: ``"no base"``
+    (the base is gone) or ``"not stored"`` (no delta pays; neither is stored)."""
     if up.objects.touch_if_exists(shard.hash):
-        return True
+        return "stored"
     if not up.objects.touch_if_exists(base):  # touched: gc's grace period now covers it
-        return False
+        return "no base"
     try:
         root, depth = _base_within_depth(up.objects, base)
         if base_data is None or root != base:
             base_data = up.objects.get(root)
-    except (NotFoundError, IntegrityError):
-        return False  # a damaged base is verify's to report; this shard is stored whole
-    exact = up.delta_checks.exact_needed(shard)
-    delta = make_shard_delta(shard, pending, options, root, base_data, depth, exact=exact)
+        delta = make_shard_delta(shard, pending, options, root, base_data, depth)
+    except (TierdataError, pa.ArrowException) as e:
+        # A damaged base is verify's to report; a type Arrow cannot `take`, a plain shard.
+        log.debug("shard %s is stored whole: no delta over %s (%s)", shard.hash, base, e)
+        return "not stored"
     if delta is None:
-        return False
-    if exact:
-        up.delta_checks.passed(shard)
+        return "not stored"
     up.put_delta(shard.hash, delta)
-    return True
+    return "delta"
 
 
 def store_pending_many(
@@ -230,15 +241,20 @@ def store_pending_many(
 
 def _base_within_depth(objects: ObjectStore, base: str) -> tuple[str, int]:
     """``base`` and its delta depth, or, when a delta over it would make too long a chain,
-    the whole object at the root of its chain (edits since then make a larger delta, but
-    reads rebuild at most :data:`~cachetier.deltas.MAX_DEPTH` times)."""
+    the whole object at the root of its chain, touched (edits since then make a larger
+    delta, but reads rebuild at most :data:`~cachetier.deltas.MAX_DEPTH` times).
+    IntegrityError for a chain longer than its headers say (damage, or a cycle)."""
     found = objects.delta_of(base)
     if found is None or found[1] < MAX_DEPTH:
         return base, found[1] if found else 0
-    while found is not None:
+    for _ in range(MAX_DEPTH):
         base = found[0]
         found = objects.delta_of(base)
-    return base, 0
+        if found is None:
+            if not objects.touch_if_exists(base):
+                raise NotFoundError("the root of a delta chain is missing", subject=f"object {base}")
+            return base, 0
+    raise IntegrityError("delta chain is deeper than its headers say", subject=f"object {base}")
 
 
 def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:

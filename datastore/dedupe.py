@@ -235,8 +235,9 @@ def dedup_shards(
             encoded = encode_shard(pending, options)
             # The shard less its duplicates: a delta over the shard it came from, when large.
             large = len(encoded.data) >= up.pack_below
-            if not (large and store_as_delta(up, encoded, pending, options, entry.hash, data)):
-                up.put(encoded.hash, encoded.data, shard=True)
+            stored = store_as_delta(up, encoded, pending, options, entry.hash, data) if large else "whole"
+            if stored not in ("delta", "stored"):
+                up.put(encoded.hash, encoded.data, shard=True, checked=stored != "whole")
             entries.append(
                 ShardEntry(
                     encoded.hash,

@@ -211,6 +211,13 @@ class IngestIndex:
             self._changes.append(("anchors", shard_id, list(anchors)))
         self.dirty = self.dirty or bool(anchors)
 
+    def forget_anchors_of(self, shard_id: str) -> None:
+        """Forget the anchors of a shard that is no longer stored."""
+        stale = [anchor for anchor, sid in self._anchors.items() if sid == shard_id]
+        for anchor in stale:
+            del self._anchors[anchor]
+        self.dirty = self.dirty or bool(stale)
+
     def similar_shard(self, anchors: Sequence[str], *, exclude: str = "") -> str | None:
         """The remembered shard sharing the most of ``anchors`` (at least two), or None."""
         votes: dict[str, int] = {}

@@ -12,9 +12,10 @@ tables, data hashes and every reader are unchanged.
 **Rebuilding** takes the rows the runs name from the base and the new records (Arrow
 ``take``) and encodes them again with the shard's record-batch cuts and zstd level,
 which gives the shard's bytes exactly; the writer proves that before it stores a delta,
-and the object store checks the id on every read. Should another Arrow or zstd encode
-the same records into other bytes, the rows are still checked one by one against the
-record hashes the delta recorded, so a reader gets the right records either way.
+and the object store checks the id on every read. The encoding is that of the pyarrow
+(and its bundled zstd) that wrote the delta: should another one encode the same records
+into other bytes, the read fails, naming both versions (the records are not served
+under an id their bytes do not have).
 
 **Finding a base** costs no read of the repository: the ingest index remembers a few
 *anchors* of each stored shard (the record hashes with the smallest values, a bottom-k
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 from collections.abc import Sequence
 
 import blake3
@@ -44,7 +44,6 @@ from datastore.shards import EncodedShard, PendingShard, ShardOptions, batch_end
 __all__ = [
     "ANCHORS",
     "CODEC",
-    "DeltaChecks",
     "ShardRebuilder",
     "anchors",
     "delta_payload",
@@ -101,34 +100,26 @@ def make_shard_delta(
     base: str,
     base_data: bytes,
     base_depth: int,
-    *,
-    exact: bool = True,
 ) -> bytes | None:
     """The stored delta for ``shard`` over the shard ``base`` (whose bytes are ``base_data``
     and which is itself a delta ``base_depth`` deep, 0 when stored whole), or None when a
     delta would not pay: another schema, too few shared records, too deep a chain, more
-    than half the size, or (never expected) a rebuild that does not give the shard.
-
-    ``exact`` checks that the rebuild gives the shard's very bytes (an encode of the whole
-    shard); without it, that it gives the shard's columns, which the encoder turns into
-    the same bytes (callers check ``exact`` once per schema: see :class:`DeltaChecks`).
-    """
+    than half the size, or a rebuild that does not give the shard's very bytes (it can
+    differ: a null slot's hidden value is written by Arrow but not kept by ``take``)."""
     if base_depth + 1 > MAX_DEPTH:
         return None
     base_table = read_shard(base_data, with_hidden=True)
     made = _payload(shard, pending, options, base_table)
     if made is None:
         return None
-    payload, target = made
+    payload, _target = made
     delta = encode_delta(shard.hash, base, base_depth + 1, CODEC, payload)
     if len(delta) > _MAX_DELTA_FRACTION * len(shard.data):
         return None
     subject = f"shard {shard.hash}"
     header, new_data = _parse(payload)
     rebuilt = _rebuild_table(base_table, read_shard(new_data, with_hidden=True), header, subject)
-    if not rebuilt.equals(target):
-        return None
-    if exact and encode_rows(rebuilt, header["batches"], header["level"]) != shard.data:
+    if encode_rows(rebuilt, header["batches"], header["level"]) != shard.data:
         return None
     return delta
 
@@ -166,33 +157,6 @@ def _payload(
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     return _LENGTH.pack(len(head)) + head + new_data, full
-
-
-class DeltaChecks:
-    """Which schemas have had a delta checked byte for byte in this ingest (thread-safe).
-
-    How Arrow encodes columns depends on their types, not their values: once a rebuild
-    of one shard of a schema gave its exact bytes, the next shards of that schema are
-    checked column by column (cheaper than encoding them again). Every read checks the id.
-    """
-
-    def __init__(self) -> None:
-        self._done: set[str] = set()
-        self._lock = threading.Lock()
-
-    def exact_needed(self, shard: EncodedShard) -> bool:
-        """True for the first shard of its schema (and until one of them passes)."""
-        with self._lock:
-            return _schema_key(shard) not in self._done
-
-    def passed(self, shard: EncodedShard) -> None:
-        """Record that a delta of ``shard``'s schema rebuilt its exact bytes."""
-        with self._lock:
-            self._done.add(_schema_key(shard))
-
-
-def _schema_key(shard: EncodedShard) -> str:
-    return pa.ipc.open_file(pa.py_buffer(shard.data)).schema.to_string(show_schema_metadata=True)
 
 
 def _locate(base: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,6 +210,14 @@ class ShardRebuilder:
         except (pa.ArrowException, TypeError, ValueError) as e:
             raise IntegrityError(f"delta cannot be applied: {e}", subject=subject) from e
 
+    def describe(self, payload: bytes) -> str:
+        """Which pyarrow wrote the delta, and which one rebuilt it."""
+        try:
+            written = _parse(payload)[0].get("arrow", "an unknown version")
+        except IntegrityError:
+            written = "an unknown version"
+        return f"written with pyarrow {written}, rebuilt with pyarrow {pa.__version__}"
+
 
 def _parse(payload: bytes, subject: str = "delta") -> tuple[dict, memoryview]:
     """A payload's header and its new records' bytes."""
@@ -272,7 +244,10 @@ def _rebuild_table(base_table: pa.Table, new_table: pa.Table, header: dict, subj
     available = base_table.num_rows + new_table.num_rows
     if len(rows) != header["records"] or (len(rows) and (rows.min() < 0 or rows.max() >= available)):
         raise IntegrityError("delta names rows its base and records do not hold", subject=subject)
-    table = pa.concat_tables([base_table, new_table]).take(pa.array(rows))
+    try:
+        table = pa.concat_tables([base_table, new_table]).take(pa.array(rows))
+    except pa.ArrowException as e:
+        raise IntegrityError(f"delta cannot be applied: {e}", subject=subject) from e
     if _digest(table.column(HASH_COLUMN)) != header["digest"]:
         raise IntegrityError("shard rebuilt from its delta holds other records", subject=subject)
     return table

@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from cachetier.localstore import LocalStore
 from datastore.repo import Repo
 from datastore.sample import sample_records, write_sample_jsonl
 from datastore.shardpatch import CODEC, ShardRebuilder, delta_payload, make_shard_delta, shard_objects
-from datastore.shards import ShardOptions, ShardWriter, encode_shard, read_shard
+from datastore.shards import ShardOptions, ShardWriter, encode_shard
 from loaders import StreamingDataset
 
 
@@ -99,7 +100,7 @@ def test_edit_after_edit_keeps_chains_short_and_every_version_readable(
     stored = [oid for oid, _ in repo.objects.list_deltas()]
     depths = [repo.objects.delta_of(oid) for oid in stored]
     assert depths and max(d[1] for d in depths if d) == 3  # chains grow to the cap, then start over
-    for oid in stored:  # byte-exact, though only the first delta of the ingest was encoded to check it
+    for oid in stored:  # every delta rebuilds its shard's very bytes
         assert repo.objects.hash(repo.objects.get(oid)) == oid
     for vid, want in expected:
         out = tmp_path / f"out-{vid[:8]}"
@@ -196,28 +197,117 @@ def test_a_delta_under_another_objects_id_is_refused(tmp_path: Path) -> None:
         objects.get(other)
 
 
-def test_records_rebuilt_into_other_bytes_are_read_with_a_warning(tmp_path: Path, caplog) -> None:
+def _rewrapped(delta_bytes: bytes, oid: str, base: str, depth: int = 1, **changes) -> bytes:
+    """The delta with header fields changed (a valid checksum: what a bug or another
+    encoder would produce, not what damage would)."""
+    delta = decode_delta(delta_bytes, oid)
+    length = int.from_bytes(delta.payload[:4], "little")
+    header = {**json.loads(delta.payload[4 : 4 + length]), **changes}
+    head = json.dumps(header).encode()
+    payload = len(head).to_bytes(4, "little") + head + delta.payload[4 + length :]
+    return encode_delta(oid, base, depth, CODEC, payload)
+
+
+def test_a_rebuild_into_other_bytes_fails_naming_the_pyarrow_versions(tmp_path: Path) -> None:
     # What another pyarrow would do: the same records encoded into other bytes (here: at
-    # another zstd level). The rows are checked against the record hashes, so they are served.
+    # another zstd level). The records are right, but not under this id: refused.
     objects = shard_objects(LocalStore(tmp_path / "repo"))
     rows = list(sample_records(3000, seed=10))
     [(base, _)] = _shards(rows)
     rows[5] = {**rows[5], "text": "changed"}
     [(shard, pending)] = _shards(rows)
     objects.put(base.data)
-    delta = decode_delta(
-        make_shard_delta(shard, pending, ShardOptions(), base.hash, base.data, 0), shard.hash
+    delta = make_shard_delta(shard, pending, ShardOptions(), base.hash, base.data, 0)
+    objects.put_delta(shard.hash, _rewrapped(delta, shard.hash, base.hash, level=9, arrow="0.0-old"))
+    with pytest.raises(IntegrityError, match=r"written with pyarrow 0\.0-old, rebuilt with pyarrow") as e:
+        objects.get(shard.hash)
+    assert shard.hash in str(e.value)
+    # cut batches (fewer rows than the shard): refused too, never served
+    objects.put_delta(shard.hash, _rewrapped(delta, shard.hash, base.hash, batches=[100]))
+    with pytest.raises(IntegrityError):
+        objects.get(shard.hash)
+
+
+def test_a_delta_chain_longer_than_its_headers_say_is_refused_not_followed(tmp_path: Path) -> None:
+    # A cycle (a delta over its own descendant) or a chain deeper than its depth field
+    # fails with one error naming the object, never a RecursionError or a hang.
+    objects = shard_objects(LocalStore(tmp_path / "repo"))
+    rows = list(sample_records(3000, seed=13))
+    [(a, _)] = _shards(rows)
+    rows[1] = {**rows[1], "text": "b"}
+    [(b, pb)] = _shards(rows)
+    rows[2] = {**rows[2], "text": "c"}
+    [(c, pc)] = _shards(rows)
+    delta_b = make_shard_delta(b, pb, ShardOptions(), a.hash, a.data, 0)
+    delta_c = make_shard_delta(c, pc, ShardOptions(), b.hash, b.data, 0)
+    objects.put_delta(b.hash, _rewrapped(delta_b, b.hash, c.hash, depth=1))  # b over c ...
+    objects.put_delta(c.hash, _rewrapped(delta_c, c.hash, b.hash, depth=1))  # ... and c over b
+    with pytest.raises(IntegrityError, match="deeper than its header"):
+        objects.get(c.hash)
+    assert not objects.exists(c.hash)
+
+
+def test_a_delta_whose_base_gc_removed_is_not_committed(cli, local_url: str, tmp_path: Path) -> None:
+    rows = list(sample_records(8000, seed=14))
+    src = tmp_path / "d.jsonl"
+    _write(src, rows)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src)
+    cli("reset")
+    _edit(rows, 0.01, seed=6)
+    _write(src, rows)
+    cli("ingest", src)  # staged: a delta over the shard the reset left unreferenced
+    repo = Repo.open(local_url)
+    [(oid, _)] = list(repo.objects.list_deltas())
+    base = repo.objects.delta_of(oid)[0]
+    (Path(local_url) / "objects" / base[:2] / base).unlink()  # what a racing gc could do
+    failed = cli("version", "-m", "x")
+    assert failed.code == 1 and "missing" in failed.err
+    assert cli("log", "--json").json == []  # nothing committed
+
+
+def test_a_type_arrow_cannot_take_is_stored_whole(cli, local_url: str, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    n = 20000
+    table = pa.table(
+        {"id": range(n), "s": pa.array([f"value {i} " * 20 for i in range(n)], pa.string_view())}
     )
-    length = int.from_bytes(delta.payload[:4], "little")
-    header = json.loads(delta.payload[4 : 4 + length])
-    header["level"] = 9
-    head = json.dumps(header).encode()
-    payload = len(head).to_bytes(4, "little") + head + delta.payload[4 + length :]
-    objects.put_delta(shard.hash, encode_delta(shard.hash, base.hash, 1, CODEC, payload))
-    with caplog.at_level("WARNING"):
-        data = objects.get(shard.hash)
-    assert data != shard.data and "rebuilt from a delta into other bytes" in caplog.text
-    assert read_shard(data).to_pylist() == read_shard(shard.data).to_pylist()
+    src = tmp_path / "v.parquet"
+    pq.write_table(table, src)
+    assert cli("init", local_url).code == 0
+    cli("ingest", src)
+    cli("version", "-m", "v")
+    edited = table.set_column(
+        1,
+        "s",
+        pa.array([f"value {i} " * 20 + ("!" if i % 100 == 0 else "") for i in range(n)], pa.string_view()),
+    )
+    pq.write_table(edited, src)
+    result = cli("ingest", src, "--json")
+    assert result.code == 0, result.err
+    cli("version", "-m", "w", "--replace")
+    assert cli("verify", "--json").json["ok"]
+
+
+def test_hidden_values_under_nulls_never_make_a_wrong_delta(tmp_path: Path) -> None:
+    # Arrow writes the value a null slot happens to hold; `take` zeroes it. A delta whose
+    # rebuild would differ is not made.
+    ints = pa.array(np.arange(30000, dtype=np.int64), mask=np.arange(30000) % 7 == 0)
+    assert ints.null_count and ints.to_numpy(zero_copy_only=False) is not None
+    texts = [f"record {i} " * 10 for i in range(30000)]
+    options = ShardOptions()
+    writer = ShardWriter(options)
+    batch = pa.record_batch({"n": ints, "t": texts})
+    [base_pending] = writer.add(batch) + writer.finish()
+    base = encode_shard(base_pending, options)
+    texts[10] = "changed"
+    writer = ShardWriter(options)
+    [pending] = writer.add(pa.record_batch({"n": ints, "t": texts})) + writer.finish()
+    shard = encode_shard(pending, options)
+    delta = make_shard_delta(shard, pending, options, base.hash, base.data, 0)
+    assert delta_payload(shard, pending, options, base.data) is not None  # a delta is possible ...
+    assert delta is None  # ... but its rebuild would not give the shard's bytes
 
 
 def test_a_loader_streams_a_version_stored_as_deltas(cli, local_url: str, tmp_path: Path) -> None:
