@@ -107,6 +107,13 @@ class LocalStore(Store):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def info(self, key: str) -> ObjectInfo:
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise NotFoundError("no such key", subject=f"{self.url}/{key}") from e
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
     def delete(self, key: str) -> None:
         try:
             self._path(key).unlink()

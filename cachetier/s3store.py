@@ -474,6 +474,21 @@ class S3Store(Store):
 
         return self._call("HEAD", key, stat)
 
+    def info(self, key: str) -> ObjectInfo:
+        name = self._name(key)
+
+        def stat() -> ObjectInfo:
+            try:
+                found = self._client.stat_object(self.bucket, name)
+            except S3Error as e:
+                if e.code == "NoSuchKey":
+                    raise NotFoundError("no such key", subject=self._subject(key)) from e
+                raise
+            mtime = found.last_modified.timestamp() if found.last_modified else 0.0
+            return ObjectInfo(key, found.size or 0, mtime)
+
+        return self._call("HEAD", key, stat)
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         full = self._root + prefix
         after: str | None = None  # a failed listing resumes after the last key it yielded

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cachetier.errors import NotFoundError
 from cachetier.hashing import BytesLike
 
 __all__ = ["BytesLike", "ObjectInfo", "Store", "Versioned"]
@@ -75,6 +76,16 @@ class Store(ABC):
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield every key that starts with ``prefix``, with its size and mtime, in no set order."""
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and last-modified time of ``key``; NotFoundError if absent.
+
+        The default scans a listing; backends override it with one request.
+        """
+        for found in self.list(key):
+            if found.key == key:
+                return found
+        raise NotFoundError("no such key", subject=f"{self.url}/{key}")
 
     def touch(self, key: str) -> None:
         """Refresh the last-modified time of an existing ``key`` (gc's grace period counts from it).

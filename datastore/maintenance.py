@@ -113,21 +113,34 @@ def _problem(oid: str, kind: str, error: TierdataError) -> dict[str, str]:
 def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
     """Delete (or with ``dry_run`` only list) unreachable items older than ``grace_seconds``.
 
+    An item reused since the listing (touched by an ingest) is kept, and so is one gone
+    meanwhile; ``items`` lists what was removed.
+
     Each item is ``{"kind" (object | version | pack | delta | temp), "id", "key", "size"}``; a pack
     also lists its ``members`` (object ids) and counts as one item. ``temp`` is the temp
     file of a write that never finished (a process killed mid-write; local stores), with
     ``id`` null, removed once older than the grace period like everything else.
     """
-    items = unreachable(repo.store, repo.objects, grace_seconds, keep=repo.staged_object_ids())
+    now = time.time()
+    items = unreachable(repo.store, repo.objects, grace_seconds, now, keep=repo.staged_object_ids())
     leftovers = _unfinished_writes(repo, grace_seconds)
     if not dry_run:
+        cutoff = now - grace_seconds
 
-        def delete(item: UnreachableItem) -> None:
+        def delete(item: UnreachableItem) -> UnreachableItem | None:
+            # Asked again right before: an ingest that reused the item since the listing
+            # touched it (a pack by its index), and its commit will reference it.
+            try:
+                if repo.store.info(item.keys[0]).mtime >= cutoff:
+                    return None
+            except NotFoundError:
+                return None
             for key in item.keys:  # a pack's index before its data
                 repo.store.delete(key)
+            return item
 
         with ThreadPoolExecutor(repo.objects.max_workers) as pool:
-            list(pool.map(delete, items))
+            items = [item for item in pool.map(delete, items) if item is not None]
         for info in leftovers:
             repo.store.delete_temporary(info.key)  # type: ignore[attr-defined]
     temps = [{"kind": "temp", "id": None, "key": t.key, "size": t.size} for t in leftovers]

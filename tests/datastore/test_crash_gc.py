@@ -110,3 +110,29 @@ def test_gc_removes_the_temp_files_of_writes_that_never_finished(cli, local_url:
     done = cli("gc", "--grace", "0", "--json").json
     assert done["removed"] == 1 and done["bytes"] == 14_000 and not leftover.exists()
     assert cli("verify", "--all", "--json").json["ok"]
+
+
+def test_gc_keeps_what_an_ingest_reused_after_the_listing(
+    repo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race: gc lists an unreferenced shard as old, then an ingest reuses it (touching
+    # it) for a commit to come. gc asks again right before deleting and keeps it.
+    import datastore.maintenance as maintenance
+
+    project = tmp_path / "project"
+    project.mkdir()
+    repo = Repo.init(repo_url, workspace=project)
+    src = tmp_path / "d.jsonl"
+    write_sample_jsonl(src, 3000, seed=3)
+    repo.ingest(src)
+    repo.unstage()  # its shard is now garbage ...
+    time.sleep(1.1)
+    listed = maintenance.unreachable(repo.store, repo.objects, 1.0, keep=repo.staged_object_ids())
+    assert listed and {item.kind for item in listed} <= {"object", "pack"}
+    time.sleep(1.1)
+    repo.ingest(src)  # ... until this ingest reuses (touches) it
+    monkeypatch.setattr(maintenance, "unreachable", lambda *a, **k: listed)
+    result = repo.gc(grace_seconds=1.0)
+    assert result["removed"] == 0, result
+    repo.commit("reused")
+    assert repo.verify()["ok"]
