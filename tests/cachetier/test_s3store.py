@@ -410,6 +410,7 @@ def test_public_api_is_frozen() -> None:
         "supports_cas",
         "get",
         "exists",
+        "info",
         "list",
         "get_to_file",
         "read_versioned",

@@ -177,6 +177,15 @@ class StoreConformance:
         with pytest.raises(NotFoundError):
             store.touch("t/missing")
 
+    def test_info_gives_what_list_gives(self, store: Store) -> None:
+        store.put("i/x", b"12345")
+        store.put("i/xy", b"1")
+        [listed] = [info for info in store.list("i/") if info.key == "i/x"]
+        info = store.info("i/x")
+        assert (info.key, info.size) == ("i/x", 5) and abs(info.mtime - listed.mtime) < 1.0
+        with pytest.raises(NotFoundError):
+            store.info("i/missing")
+
     def test_delete_is_idempotent(self, store: Store) -> None:
         store.put("d/x", b"1")
         store.delete("d/x")
