@@ -119,15 +119,25 @@ class ObjectStore:
         """
         if self.touch_if_packed(oid):
             return True
-        for key in (object_key(oid), delta_key(oid)) if deltas else (object_key(oid),):
-            if not self.store.exists(key):
-                continue
-            try:
-                self.store.touch(key)
-            except NotFoundError:
-                continue  # removed between the two calls
+        if self._touch_stored(object_key(oid)):
             return True
-        return False
+        if not deltas or not self.store.exists(delta_key(oid)):
+            return False
+        # A delta is stored only as much as its chain of bases is: one whose base gc
+        # removed (a crash mid-gc) counts as not stored, so the object is stored whole.
+        chain = self.delta_of(oid)
+        if chain is None or not self._exists(chain[0], chain[1] - 1):
+            return False
+        return self._touch_stored(delta_key(oid))
+
+    def _touch_stored(self, key: str) -> bool:
+        if not self.store.exists(key):
+            return False
+        try:
+            self.store.touch(key)
+        except NotFoundError:
+            return False  # removed between the two calls
+        return True
 
     def touch_if_packed(self, oid: str) -> bool:
         """Like :meth:`touch_if_exists` for packed objects only: no request for a standalone one.
@@ -209,7 +219,8 @@ class ObjectStore:
                     f"rebuilt from its delta, the object hashes to {actual[:16]}… "
                     f"({self.rebuilder.describe(delta.payload)})",
                     subject=subject,
-                    hint="read it with the pyarrow that wrote it; `dataset verify` lists every such object",
+                    hint=f"read it with the pyarrow that wrote it, or delete {delta_key(oid)} and ingest "
+                    "its source again (it is then stored whole); `dataset verify` lists every such object",
                 )
         return data
 

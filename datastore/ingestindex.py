@@ -27,6 +27,7 @@ import base64
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ class IngestIndex:
         self._shards: dict[str, list] = {}
         self._schemas: dict[str, list] = {}
         self._anchors: dict[str, str] = {}  # anchor -> shard id, oldest first
+        self._anchors_lock = threading.Lock()  # uploader threads remember and forget
+        self._anchors_by_shard: dict[str, list[str]] | None = None  # made at the first forget
         self._generation = 0
         self._changes: list[tuple] | None = None
         self.dirty = False
@@ -204,27 +207,40 @@ class IngestIndex:
 
     def remember_anchors(self, shard_id: str, anchors: Sequence[str]) -> None:
         """Remember the anchors of a stored shard (see :meth:`similar_shard`)."""
-        for anchor in anchors:
-            self._anchors.pop(anchor, None)  # re-inserted as the newest
-            self._anchors[anchor] = shard_id
-        if self._changes is not None:
-            self._changes.append(("anchors", shard_id, list(anchors)))
-        self.dirty = self.dirty or bool(anchors)
+        if not anchors:
+            return
+        with self._anchors_lock:
+            for anchor in anchors:
+                self._anchors.pop(anchor, None)  # re-inserted as the newest
+                self._anchors[anchor] = shard_id
+            if self._anchors_by_shard is not None:
+                self._anchors_by_shard.setdefault(shard_id, []).extend(anchors)
+            if self._changes is not None:
+                self._changes.append(("anchors", shard_id, list(anchors)))
+            self.dirty = True
 
     def forget_anchors_of(self, shard_id: str) -> None:
         """Forget the anchors of a shard that is no longer stored."""
-        stale = [anchor for anchor, sid in self._anchors.items() if sid == shard_id]
-        for anchor in stale:
-            del self._anchors[anchor]
-        self.dirty = self.dirty or bool(stale)
+        with self._anchors_lock:
+            if self._anchors_by_shard is None:
+                self._anchors_by_shard = {}
+                for anchor, sid in self._anchors.items():
+                    self._anchors_by_shard.setdefault(sid, []).append(anchor)
+            stale = [a for a in self._anchors_by_shard.pop(shard_id, []) if self._anchors.get(a) == shard_id]
+            for anchor in stale:
+                del self._anchors[anchor]
+            if stale and self._changes is not None:
+                self._changes.append(("forget", shard_id))
+            self.dirty = self.dirty or bool(stale)
 
     def similar_shard(self, anchors: Sequence[str], *, exclude: str = "") -> str | None:
         """The remembered shard sharing the most of ``anchors`` (at least two), or None."""
         votes: dict[str, int] = {}
-        for anchor in anchors:
-            shard_id = self._anchors.get(anchor)
-            if shard_id is not None and shard_id != exclude:
-                votes[shard_id] = votes.get(shard_id, 0) + 1
+        with self._anchors_lock:
+            for anchor in anchors:
+                shard_id = self._anchors.get(anchor)
+                if shard_id is not None and shard_id != exclude:
+                    votes[shard_id] = votes.get(shard_id, 0) + 1
         if not votes:
             return None
         best = max(votes, key=lambda k: votes[k])
@@ -249,6 +265,8 @@ class IngestIndex:
                 self._set_file(scope, abspath, value)
             elif change[0] == "anchors":
                 self.remember_anchors(change[1], change[2])
+            elif change[0] == "forget":
+                self.forget_anchors_of(change[1])
             else:
                 _, key, entry = change
                 self._shards[key] = [*entry[:5], self._generation]
@@ -286,6 +304,7 @@ class IngestIndex:
             self._shards = dict(newest[:_SHARD_CAPACITY])
         if len(self._anchors) > _ANCHOR_CAPACITY:
             self._anchors = dict(list(self._anchors.items())[-_ANCHOR_CAPACITY:])
+            self._anchors_by_shard = None
         payload = {
             "format": INDEX_FORMAT,
             "repo": self.repo,

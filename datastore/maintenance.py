@@ -139,8 +139,12 @@ def gc(repo: Repo, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
                 repo.store.delete(key)
             return item
 
+        # Deltas first: a crash part-way then leaves no delta whose base is gone.
+        deltas = [item for item in items if item.kind == "delta"]
+        others = [item for item in items if item.kind != "delta"]
         with ThreadPoolExecutor(repo.objects.max_workers) as pool:
-            items = [item for item in pool.map(delete, items) if item is not None]
+            items = [item for item in pool.map(delete, deltas) if item is not None]
+            items += [item for item in pool.map(delete, others) if item is not None]
         for info in leftovers:
             repo.store.delete_temporary(info.key)  # type: ignore[attr-defined]
     temps = [{"kind": "temp", "id": None, "key": t.key, "size": t.size} for t in leftovers]

@@ -216,6 +216,8 @@ class ShardRebuilder:
             written = _parse(payload)[0].get("arrow", "an unknown version")
         except IntegrityError:
             written = "an unknown version"
+        if written == pa.__version__:
+            return f"written and rebuilt with pyarrow {written}: the delta itself is wrong"
         return f"written with pyarrow {written}, rebuilt with pyarrow {pa.__version__}"
 
 
