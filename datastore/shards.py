@@ -3,8 +3,8 @@
 A shard is an Arrow IPC *file* (random access, memory-mappable) whose buffers are
 zstd-compressed at a fixed level; it holds the records' columns plus the hidden column
 ``__record_hash``. Writing the same records with the same options yields the same bytes
-(columns are copied into fresh, offset-free arrays; the schema metadata is fixed; no
-timestamps), hence the same shard id.
+(columns are copied into fresh, offset-free arrays with zeros under their nulls; the
+schema metadata is fixed; no timestamps), hence the same shard id.
 
 **Boundaries.** A shard ends after a record whose hash meets a threshold, once the
 shard holds at least ``min_size`` bytes (canonical record bytes, see
@@ -392,11 +392,20 @@ def _is_exact(hashes: pa.Array | pa.ChunkedArray) -> bool:
 
 
 def _fresh(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A copy without slice offsets or stray bytes, so equal values give equal IPC bytes."""
+    """A copy without slice offsets or stray bytes, so equal values give equal IPC bytes.
+
+    Arrow writes whatever a null slot happens to hold (a reader's leftover value, the
+    child values behind a null list); ``take`` writes zeros there. A column with nulls
+    is taken whole, so the same records give the same bytes however they were put
+    together (a delta's rebuild takes its rows from two shards: see datastore.shardpatch).
+    """
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     if not chunks:
         return pa.array([], column.type)
-    return pa.concat_arrays(chunks)
+    array = pa.concat_arrays(chunks)
+    if array.null_count:
+        array = array.take(pa.array(np.arange(len(array), dtype=np.int64)))
+    return array
 
 
 def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:
