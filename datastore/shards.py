@@ -403,9 +403,23 @@ def _fresh(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if not chunks:
         return pa.array([], column.type)
     array = pa.concat_arrays(chunks)
-    if array.null_count:
-        array = array.take(pa.array(np.arange(len(array), dtype=np.int64)))
+    if array.null_count and not (array.null_count == len(array) and _all_zero(array)):
+        array = array.take(_identity(len(array)))
     return array
+
+
+def _all_zero(array: pa.Array) -> bool:
+    """True when every buffer of ``array`` (children included) is absent or zeros: nothing
+    hides under its nulls. A files dataset's all-null ``chunks`` column is such, and
+    checking is cheaper than a ``take`` per small shard."""
+    return all(b is None or not b.to_pybytes().strip(b"\0") for b in array.buffers())
+
+
+@functools.lru_cache(maxsize=16)
+def _identity(n: int) -> pa.Array:
+    # Cached: a files dataset's shards (a few records each, an all-null column) need the
+    # same few lengths over and over.
+    return pa.array(np.arange(n, dtype=np.int64))
 
 
 def _batch_ranges(sizes: np.ndarray, batch_bytes: int) -> Iterator[tuple[int, int]]:

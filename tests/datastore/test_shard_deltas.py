@@ -247,19 +247,25 @@ def test_a_delta_chain_longer_than_its_headers_say_is_refused_not_followed(tmp_p
     assert not objects.exists(c.hash)
 
 
-def test_a_delta_whose_base_gc_removed_is_not_committed(cli, local_url: str, tmp_path: Path) -> None:
-    rows = list(sample_records(8000, seed=14))
+def _delta_over_a_reset_shard(cli, url: str, tmp_path: Path, seed: int) -> tuple[list[dict], Path, str, str]:
+    """Ingest, reset, edit 1%, ingest again: the staged shard is a delta over a shard that
+    nothing references. Returns the rows, the source, the delta's object id and its base."""
+    rows = list(sample_records(8000, seed=seed))
     src = tmp_path / "d.jsonl"
     _write(src, rows)
-    assert cli("init", local_url).code == 0
+    assert cli("init", url).code == 0
     cli("ingest", src)
     cli("reset")
-    _edit(rows, 0.01, seed=6)
+    _edit(rows, 0.01, seed=seed)
     _write(src, rows)
-    cli("ingest", src)  # staged: a delta over the shard the reset left unreferenced
-    repo = Repo.open(local_url)
-    [(oid, _)] = list(repo.objects.list_deltas())
-    base = repo.objects.delta_of(oid)[0]
+    cli("ingest", src)
+    objects = Repo.open(url).objects
+    [(oid, _)] = list(objects.list_deltas())
+    return rows, src, oid, objects.delta_of(oid)[0]
+
+
+def test_a_delta_whose_base_gc_removed_is_not_committed(cli, local_url: str, tmp_path: Path) -> None:
+    _rows, _src, _oid, base = _delta_over_a_reset_shard(cli, local_url, tmp_path, seed=14)
     (Path(local_url) / "objects" / base[:2] / base).unlink()  # what a racing gc could do
     failed = cli("version", "-m", "x")
     assert failed.code == 1 and "missing" in failed.err
@@ -406,19 +412,9 @@ def test_dedup_stores_the_thinned_shards_as_deltas(cli, local_url: str, tmp_path
 def test_a_delta_whose_base_is_gone_counts_as_not_stored(cli, local_url: str, tmp_path: Path) -> None:
     # A gc killed part-way (or an older one that deleted a base before its delta) can
     # leave a delta whose base is gone: the next ingest of that data stores it whole.
-    rows = list(sample_records(8000, seed=15))
-    src = tmp_path / "d.jsonl"
-    _write(src, rows)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    cli("reset")
-    _edit(rows, 0.01, seed=7)
-    _write(src, rows)
-    cli("ingest", src)
+    rows, src, oid, base = _delta_over_a_reset_shard(cli, local_url, tmp_path, seed=15)
     cli("reset")
     repo = Repo.open(local_url)
-    [(oid, _)] = list(repo.objects.list_deltas())
-    base = repo.objects.delta_of(oid)[0]
     (Path(local_url) / "objects" / base[:2] / base).unlink()
     assert not repo.objects.touch_if_exists(oid) and not repo.objects.exists(oid)
     again = cli("ingest", src, "--json").json
