@@ -47,6 +47,21 @@ def _records(path: Path) -> list[dict]:
     ]
 
 
+def _edited_version(cli, url: str, tmp_path: Path, n: int, seed: int) -> tuple[list[dict], dict, dict]:
+    """Commit ``n`` records, edit 1% of them and commit again (``--replace``): the rows
+    of the edit and the two versions' JSON."""
+    rows = list(sample_records(n, seed=seed))
+    src = tmp_path / "d.jsonl"
+    _write(src, rows)
+    assert cli("init", url).code == 0
+    cli("ingest", src)
+    base = cli("version", "-m", "base", "--json").json
+    _edit(rows, 0.01, seed=seed)
+    _write(src, rows)
+    cli("ingest", src)
+    return rows, base, cli("version", "-m", "edit", "--replace", "--json").json
+
+
 def test_scattered_edit_with_default_options_stores_about_the_edit(
     cli, repo_url: str, tmp_path: Path
 ) -> None:
@@ -112,16 +127,9 @@ def test_edit_after_edit_keeps_chains_short_and_every_version_readable(
 def test_gc_keeps_the_base_of_a_kept_delta_and_removes_unreached_deltas(
     cli, local_url: str, tmp_path: Path
 ) -> None:
-    rows = list(sample_records(8000, seed=7))
-    src = tmp_path / "d.jsonl"
-    _write(src, rows)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    assert cli("reset").code == 0  # the first shard is now referenced by nothing ...
-    _edit(rows, 0.01, seed=2)
-    _write(src, rows)
-    cli("ingest", src)
-    v = cli("version", "-m", "edited", "--json").json  # ... but the committed delta is over it
+    # The first shard is referenced by nothing after the reset, but the delta is over it.
+    rows, src, _oid, _base = _delta_over_a_reset_shard(cli, local_url, tmp_path, seed=7)
+    v = cli("version", "-m", "edited", "--json").json
     assert _stored(local_url, "deltas/") > 0
     _edit(rows, 0.01, seed=3)
     _write(src, rows)
@@ -140,16 +148,7 @@ def test_gc_keeps_the_base_of_a_kept_delta_and_removes_unreached_deltas(
 def test_a_damaged_or_orphaned_delta_is_named_and_never_read_wrong(
     cli, local_url: str, tmp_path: Path
 ) -> None:
-    rows = list(sample_records(8000, seed=8))
-    src = tmp_path / "d.jsonl"
-    _write(src, rows)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    base_version = cli("version", "-m", "base", "--json").json
-    _edit(rows, 0.01, seed=4)
-    _write(src, rows)
-    cli("ingest", src)
-    cli("version", "-m", "edit", "--replace")
+    _rows, base_version, _edited = _edited_version(cli, local_url, tmp_path, 8000, seed=8)
     repo = Repo.open(local_url)
     [(oid, _info)] = list(repo.objects.list_deltas())
     path = Path(local_url) / delta_key(oid)
@@ -325,16 +324,7 @@ def test_hidden_values_under_nulls_neither_change_shard_bytes_nor_block_deltas(t
 
 
 def test_a_loader_streams_a_version_stored_as_deltas(cli, local_url: str, tmp_path: Path) -> None:
-    rows = list(sample_records(5000, seed=11))
-    src = tmp_path / "d.jsonl"
-    _write(src, rows)
-    assert cli("init", local_url).code == 0
-    cli("ingest", src)
-    cli("version", "-m", "base")
-    _edit(rows, 0.01, seed=5)
-    _write(src, rows)
-    cli("ingest", src)
-    v = cli("version", "-m", "edit", "--replace", "--json").json
+    rows, _base, v = _edited_version(cli, local_url, tmp_path, 5000, seed=11)
     assert _stored(local_url, "deltas/") > 0
     cache = CacheConfig(
         dir=tmp_path / "cache", ram_dir=tmp_path / "ram", ram_bytes=8 << 20, ssd_bytes=8 << 20
