@@ -125,7 +125,7 @@ class ObjectStore:
             return False
         # A delta is stored only as much as its chain of bases is: one whose base gc
         # removed (a crash mid-gc) counts as not stored, so the object is stored whole.
-        chain = self.delta_of(oid)
+        chain = self._readable_delta_of(oid)
         if chain is None or not self._exists(chain[0], chain[1] - 1):
             return False
         return self._touch_stored(delta_key(oid))
@@ -233,6 +233,14 @@ class ObjectStore:
         base, depth, _codec, _length, _digest = decode_delta_header(head, oid)
         return base, depth
 
+    def _readable_delta_of(self, oid: str) -> tuple[str, int] | None:
+        """:meth:`delta_of`, with a damaged header counted as no delta (verify names it;
+        an ingest then stores the object whole)."""
+        try:
+            return self.delta_of(oid)
+        except IntegrityError:
+            return None
+
     def put_delta(self, oid: str, delta: bytes) -> None:
         """Store ``delta`` (see :func:`cachetier.deltas.encode_delta`) as the way ``oid`` is stored."""
         self.store.put(delta_key(oid), delta)
@@ -291,7 +299,7 @@ class ObjectStore:
             return True
         if self.store.exists(object_key(oid)):
             return True
-        chain = self.delta_of(oid)
+        chain = self._readable_delta_of(oid)
         if chain is not None:  # a delta is there only as much as its base is
             return chain[1] <= max_depth and self._exists(chain[0], chain[1] - 1)
         if self.packs.refresh(seen):

@@ -443,3 +443,18 @@ def test_anchors_are_remembered_and_forgotten_from_many_threads(tmp_path: Path) 
     copy.apply_changes(index.changes())
     assert copy.similar_shard(["00000001a", "00000001b"]) is None
     assert copy.similar_shard(["00000002c", "00000002d"]) == f"{100002:064x}"
+
+
+def test_a_delta_with_a_damaged_header_is_stored_whole_by_the_next_ingest(
+    cli, local_url: str, tmp_path: Path
+) -> None:
+    rows, src, oid, _base = _delta_over_a_reset_shard(cli, local_url, tmp_path, seed=16)
+    cli("reset")
+    path = Path(local_url) / delta_key(oid)
+    path.write_bytes(b"garbage" + path.read_bytes()[7:])
+    again = cli("ingest", src, "--json")
+    assert again.code == 0 and again.json["new_bytes"] >= 0.5 * again.json["bytes"]
+    assert cli("version", "-m", "healed").code == 0 and cli("verify", "--json").json["ok"]
+    out = tmp_path / "out"
+    assert cli("checkout", "main", "--to", out, "--format", "jsonl").code == 0
+    assert _records(out) == rows
