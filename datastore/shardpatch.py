@@ -19,8 +19,8 @@ under an id their bytes do not have).
 
 **Finding a base** costs no read of the repository: the ingest index remembers a few
 *anchors* of each stored shard (the record hashes with the smallest values, a bottom-k
-sketch), and a new shard whose anchors mostly match a remembered shard's is tried
-against it. A delta is kept only when it is at most half the shard's size.
+sketch), and a new shard that shares at least two anchors with a remembered shard is
+tried against the one it shares most with. A delta is kept only when it is at most half the shard's size.
 """
 
 from __future__ import annotations
@@ -109,10 +109,9 @@ def make_shard_delta(
     if base_depth + 1 > MAX_DEPTH:
         return None
     base_table = read_shard(base_data, with_hidden=True)
-    made = _payload(shard, pending, options, base_table)
-    if made is None:
+    payload = _payload(shard, pending, options, base_table)
+    if payload is None:
         return None
-    payload, _target = made
     delta = encode_delta(shard.hash, base, base_depth + 1, CODEC, payload)
     if len(delta) > _MAX_DELTA_FRACTION * len(shard.data):
         return None
@@ -129,14 +128,13 @@ def delta_payload(
 ) -> bytes | None:
     """The :data:`CODEC` payload that rebuilds ``shard`` from the shard ``base_data``, or
     None when they differ in schema or share less than half of the shard's records."""
-    made = _payload(shard, pending, options, read_shard(base_data, with_hidden=True))
-    return None if made is None else made[0]
+    return _payload(shard, pending, options, read_shard(base_data, with_hidden=True))
 
 
 def _payload(
     shard: EncodedShard, pending: PendingShard, options: ShardOptions, base_table: pa.Table
-) -> tuple[bytes, pa.Table] | None:
-    """The payload, and the shard's columns (hidden ones included) it must rebuild."""
+) -> bytes | None:
+    """:func:`delta_payload` over the base's decoded columns (hidden ones included)."""
     schema = pa.ipc.open_file(pa.py_buffer(shard.data)).schema
     if not base_table.schema.equals(schema, check_metadata=True):
         return None
@@ -156,7 +154,7 @@ def _payload(
         "arrow": pa.__version__,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    return _LENGTH.pack(len(head)) + head + new_data, full
+    return _LENGTH.pack(len(head)) + head + new_data
 
 
 def _locate(base: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
