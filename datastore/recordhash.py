@@ -176,13 +176,15 @@ def _digest_segments(segments, seed: int) -> tuple[bytes, np.ndarray]:
     return b"".join(out), sizes
 
 
-def digest_prefixes(hashes: pa.FixedSizeBinaryArray) -> np.ndarray:
-    """Return the first 8 bytes of each digest as little-endian ``uint64`` (for boundary tests)."""
+def digest_prefixes(hashes: pa.FixedSizeBinaryArray, *, tail: bool = False) -> np.ndarray:
+    """Return the first 8 bytes of each digest (the last 8 with ``tail``) as little-endian
+    ``uint64`` (the first decide shard boundaries; the last sketch a shard for deltas)."""
     n = len(hashes)
     if n == 0:
         return np.zeros(0, np.uint64)
     raw = np.frombuffer(hashes.buffers()[1], np.uint8, count=16 * n, offset=16 * hashes.offset)
-    return raw.reshape(n, 16)[:, :8].copy().view("<u8").ravel()
+    part = slice(8, 16) if tail else slice(0, 8)
+    return raw.reshape(n, 16)[:, part].copy().view("<u8").ravel()
 
 
 def schema_seed(schema: pa.Schema) -> int:

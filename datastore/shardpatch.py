@@ -38,7 +38,7 @@ from cachetier.errors import IntegrityError
 from cachetier.hashing import DEFAULT_HASH
 from cachetier.objects import ObjectStore
 from cachetier.store import Store
-from datastore.recordhash import HASH_COLUMN
+from datastore.recordhash import HASH_COLUMN, digest_prefixes
 from datastore.shards import EncodedShard, PendingShard, ShardOptions, batch_ends, encode_rows, read_shard
 
 __all__ = [
@@ -75,22 +75,21 @@ def anchors(hashes: pa.FixedSizeBinaryArray) -> list[str]:
 
 def _tails(hashes: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The last 8 bytes of each 16-byte record hash, as ``uint64``."""
-    if isinstance(hashes, pa.ChunkedArray):
-        hashes = hashes.combine_chunks() if hashes.num_chunks != 1 else hashes.chunk(0)
-    n = len(hashes)
-    if n == 0:
-        return np.zeros(0, np.uint64)
-    raw = np.frombuffer(hashes.buffers()[1], np.uint8, count=16 * n, offset=16 * hashes.offset)
-    return raw.reshape(n, 16)[:, 8:].copy().view("<u8").ravel()
+    return digest_prefixes(_one_array(hashes), tail=True)
 
 
 def _digest(hashes: pa.Array | pa.ChunkedArray) -> str:
     """BLAKE3 of a shard's record hashes in order: what its rows must be."""
-    if isinstance(hashes, pa.ChunkedArray):
-        hashes = hashes.combine_chunks() if hashes.num_chunks != 1 else hashes.chunk(0)
+    hashes = _one_array(hashes)
     n = len(hashes)
     raw = memoryview(hashes.buffers()[1])[16 * hashes.offset : 16 * (hashes.offset + n)] if n else b""
     return blake3.blake3(raw).hexdigest()
+
+
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
 
 
 def make_shard_delta(
