@@ -121,14 +121,18 @@ class ObjectStore:
             return True
         if self._touch_stored(object_key(oid)):
             return True
-        if not deltas or not self.store.exists(delta_key(oid)):
+        if not deltas:
             return False
         # A delta is stored only as much as its chain of bases is: one whose base gc
         # removed (a crash mid-gc) counts as not stored, so the object is stored whole.
         chain = self._readable_delta_of(oid)
         if chain is None or not self._exists(chain[0], chain[1] - 1):
             return False
-        return self._touch_stored(delta_key(oid))
+        try:
+            self.store.touch(delta_key(oid))
+        except NotFoundError:
+            return False  # removed since its header was read
+        return True
 
     def _touch_stored(self, key: str) -> bool:
         if not self.store.exists(key):
