@@ -2,9 +2,10 @@
 
 :func:`to_device` moves every tensor of a (nested) batch. :class:`DevicePrefetcher`
 wraps a loader: while training works on batch ``k`` on the current CUDA stream, batch
-``k + 1`` is pinned (unless the DataLoader pinned it already) and copied on a side
-stream; the current stream waits for that copy only when the batch is handed out, and
-each tensor is marked as used by the current stream so its memory is not reused early.
+``k + 1`` is pinned (unless the DataLoader pinned it already, or it is smaller than
+:data:`PIN_MIN_BYTES`) and copied on a side stream; the current stream waits for that
+copy only when the batch is handed out, and each tensor is marked as used by the current
+stream so its memory is not reused early.
 
 On a machine without CUDA, or for a CPU device, nothing is copied: ``to_device`` returns
 the batch, ``DevicePrefetcher`` hands out the loader's batches unchanged (reading one
@@ -20,7 +21,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["DevicePrefetcher", "to_device"]
+__all__ = ["PIN_MIN_BYTES", "DevicePrefetcher", "to_device"]
+
+#: Host tensors at least this big are pinned before their copy. A smaller one is copied
+#: from pageable memory: the copy takes microseconds either way, and pinning it would cost
+#: the consumer thread more (an allocation and its bookkeeping) than it could save.
+PIN_MIN_BYTES = 1 << 20
 
 
 def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -147,10 +153,8 @@ class _CudaTransfer(_Transfer):
         return _map_tensors(pending, functools.partial(_record, stream=current))
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type != "cpu":
-            return t.to(self.device, non_blocking=True)
-        if not t.is_pinned():
-            t = t.pin_memory()
+        if t.device.type == "cpu" and t.numel() * t.element_size() >= PIN_MIN_BYTES:
+            t = t.pin_memory()  # returns ``t`` itself when the DataLoader pinned it already
         return t.to(self.device, non_blocking=True)
 
 
