@@ -67,11 +67,14 @@ class DevicePrefetcher:
     """Iterate ``loader`` with batches already on ``device``, copied one batch ahead.
 
     A batch counts as delivered once it is handed out: ``state_dict()`` leaves out the
-    batch held ahead, and when the loop stops early (``break``, an error) the loader (a
-    :class:`~loaders.StreamingDataLoader` or :class:`~loaders.StreamingDataset`) takes
+    batch held ahead, and when the loop stops early (``break``, an error) the loader takes
     that batch back, so ``state_dict()`` and the next iteration go on from the first
-    batch not handed out. Without CUDA (or for a CPU device) the same loop runs with no
-    copy: batches pass through unchanged, one read ahead.
+    batch not handed out. A :class:`~loaders.StreamingDataLoader` or
+    :class:`~loaders.StreamingDataset` does this itself; any other loader with
+    ``state_dict()`` / ``load_state_dict()`` (torchdata's ``StatefulDataLoader``, say) has
+    its state saved before each batch is read ahead, and restored when the loop stops
+    early. Without CUDA (or for a CPU device) the same loop runs with no copy: batches
+    pass through unchanged, one read ahead.
     """
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str | None = None) -> None:
@@ -79,6 +82,14 @@ class DevicePrefetcher:
         self.device = _resolve(device)
         self.active = self.device.type == "cuda" and torch.cuda.is_available()
         self._held = 0  # batches taken from the loader and not handed out yet
+        # A loader that cannot leave out batches by itself: its state just before the
+        # batch held ahead was read (and, once a loop stopped early, the state it was
+        # rewound to), which is what ``state_dict()`` reports while a batch is held.
+        self._saves_states = not hasattr(loader, "_state_dict_holding_back") and callable(
+            getattr(loader, "state_dict", None)
+        )
+        self._before_held: dict[str, Any] | None = None
+        self._rewound = False
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -87,6 +98,7 @@ class DevicePrefetcher:
         transfer = _CudaTransfer(self.device) if self.active else _NoTransfer()
         batches = iter(self.loader)
         self._held = 0
+        self._rewound = False
         try:
             pending = self._take(batches, transfer)
             while pending is not _END:
@@ -100,10 +112,15 @@ class DevicePrefetcher:
                 give_back = getattr(self.loader, "_give_back", None)
                 if give_back is not None:
                     give_back(self._held)
+                elif self._before_held is not None:
+                    self.loader.load_state_dict(self._before_held)  # type: ignore[attr-defined]
+                    self._rewound = True
             self._held = 0
 
     def _take(self, batches: Iterator[Any], transfer: _Transfer) -> Any:
         """The next batch of the loader, its copy started (``_END`` after the last)."""
+        if self._saves_states:
+            self._before_held = self.loader.state_dict()  # type: ignore[attr-defined]
         batch = next(batches, _END)
         if batch is _END:
             return _END
@@ -115,11 +132,14 @@ class DevicePrefetcher:
         holding_back = getattr(self.loader, "_state_dict_holding_back", None)
         if holding_back is not None:
             return holding_back(self._held)  # type: ignore[no-any-return]
+        if self._before_held is not None and (self._held or self._rewound):
+            return self._before_held
         return self.loader.state_dict()  # type: ignore[attr-defined,no-any-return]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Pass ``state`` to the loader."""
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+        self._before_held, self._rewound = None, False
 
 
 class _Transfer:

@@ -390,6 +390,32 @@ def test_device_prefetcher_counts_a_batch_once_handed_out_even_after_a_break(sou
     assert seen + ids_of(device) == expected, "re-iterating skipped the batch read ahead"
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_prefetcher_over_a_stateful_dataloader_resumes_without_losing_the_batch_read_ahead(
+    source, num_workers
+):
+    """torchdata's loader cannot leave out a batch by itself: the prefetcher saves its state
+    before each read-ahead and rewinds it when the loop stops early."""
+
+    def make() -> DevicePrefetcher:
+        ds = StreamingDataset(source, shuffle=True, seed=4, batch_size=8)
+        return DevicePrefetcher(StatefulDataLoader(ds, batch_size=None, num_workers=num_workers), "cpu")
+
+    expected = ids_of(make())
+    device = make()
+    seen = []
+    for i, batch in enumerate(device):
+        seen += batch["id"].tolist()
+        if i == 5:
+            inside = json.loads(json.dumps(device.state_dict()))
+            break
+    assert json.loads(json.dumps(device.state_dict())) == inside
+    resumed = make()
+    resumed.load_state_dict(inside)
+    assert seen + ids_of(resumed) == expected, "a fresh loader skipped or repeated the batch read ahead"
+    assert seen + ids_of(device) == expected, "the same loader skipped or repeated the batch read ahead"
+
+
 def test_device_prefetcher_gives_back_the_batch_read_ahead_when_training_fails(source):
     loader, device = _prefetched(source, 0)
     with pytest.raises(RuntimeError, match="step failed"):
