@@ -33,6 +33,8 @@ class TierdataError(Exception):
     """Base class: a one-line message, the subject at fault and an optional hint."""
 
     def __init__(self, message: str, *, subject: str | None = None, hint: str | None = None):
+        if subject is None and hint is None:
+            message = self._unwrap_worker_message(message)
         self.message = message
         self.subject = subject
         self.hint = hint
@@ -45,6 +47,23 @@ class TierdataError(Exception):
         if self.hint:
             text = f"{text} ({self.hint})"
         return text.replace("\n", " ")
+
+    def _unwrap_worker_message(self, message: str) -> str:
+        """The original one line of an error torch re-raised from a DataLoader worker.
+
+        torch rebuilds a worker's error as ``type(err)(text)``, ``text`` being "Caught X in
+        DataLoader worker process N." and the worker's whole traceback, whose last line is
+        ``module.X: str(err)``. That line is returned (it names the subject and the hint);
+        the traceback is kept as a note, so it still prints with the error. Any other
+        message is returned as it is.
+        """
+        if not (message.startswith("Caught ") and "\nOriginal Traceback" in message):
+            return message
+        head, sep, original = message.rstrip("\n").rsplit("\n", 1)[-1].partition(": ")
+        if not sep or head.rsplit(".", 1)[-1] != type(self).__name__:
+            return message
+        self.add_note(message)
+        return original
 
     def __reduce__(self) -> tuple:
         # Keep the subject and hint across a pickle (an error raised in another process).

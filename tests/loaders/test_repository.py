@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cachetier.config import CacheConfig
-from cachetier.errors import UsageError
+from cachetier.errors import NotFoundError, UsageError
 from datastore import Repo
 from loaders import StreamingDataLoader, StreamingDataset
 from tests.cachetier.test_pages import resident
@@ -229,3 +230,22 @@ def test_workers_started_by_spawn_or_forkserver_read_every_record_once_and_resum
     after = [i for batch in rest for i in batch["id"].tolist()]
     assert sorted(taken + after) == list(range(RECORDS))
     assert not set(taken) & set(after)
+
+
+def test_an_error_in_a_worker_reaches_the_loop_as_its_own_one_line(repo_path, tmp_path):
+    """torch re-raises a worker's error with the worker's traceback as its message: the
+    loop gets the original one line (naming the missing object), the traceback as a note."""
+    broken = tmp_path / "broken"
+    shutil.copytree(repo_path, broken)
+    packs = list((broken / "packs").glob("*.pack"))
+    assert packs, "the test needs the small shards packed"
+    for pack in packs:
+        pack.unlink()
+    ds = StreamingDataset(str(broken), "main", cache=_cache(tmp_path), batch_size=32)
+    with pytest.raises(NotFoundError) as caught:
+        for _ in StreamingDataLoader(ds, num_workers=2):
+            pass
+    text = str(caught.value)
+    assert "\n" not in text and not text.startswith("Caught") and len(text) < 400, text
+    assert "which is missing" in text, text
+    assert any("DataLoader worker process" in note for note in caught.value.__notes__)
