@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import struct
@@ -63,6 +64,8 @@ from cachetier.pages import drop_view
 from cachetier.store import ObjectInfo, Store
 
 __all__ = ["LmdbTier", "Resident", "SharedEnv"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -286,16 +289,18 @@ class SharedEnv:
     def _open_here(self) -> _Handle:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            map_size, budget_cap = self._layout()
-            env = lmdb.open(
-                str(self.path),
-                map_size=map_size,
-                max_dbs=len(_DATABASES) + 1,
-                max_readers=self._readers,
-                readahead=True,
-                metasync=False,
-                meminit=False,
-            )
+            map_size, budget_cap, fresh = self._layout()
+            try:
+                env = self._open_env(map_size)
+            except lmdb.Error as e:
+                if fresh and _out_of_memory(e):
+                    self._forget_layout(map_size)  # a size this node cannot map is not kept
+                raise
+            cut = self._cut_short(env)
+            if cut is not None:  # pages past the end of the file: reading one would SIGBUS
+                env.close()
+                self._discard_cut_file(cut)
+                env = self._open_env(map_size)
             env.reader_check()  # clear reader slots left by killed processes
             dbs: dict[str, object] = {name: env.open_db(name.encode()) for name in _DATABASES}
             dbs["_main"] = env.open_db(None)
@@ -303,14 +308,53 @@ class SharedEnv:
             raise _unavailable(e, self.path) from e
         return _Handle(env, dbs, os.getpid(), map_size, budget_cap, env.stat()["psize"])
 
-    def _layout(self) -> tuple[int, int]:
-        """Read the map size and budget fixed at creation, or fix them now (once per node)."""
-        layout = self.path / _LAYOUT_FILE
+    def _open_env(self, map_size: int) -> lmdb.Environment:
+        return lmdb.open(
+            str(self.path),
+            map_size=map_size,
+            max_dbs=len(_DATABASES) + 1,
+            max_readers=self._readers,
+            readahead=True,
+            metasync=False,
+            meminit=False,
+        )
+
+    def _cut_short(self, env: lmdb.Environment) -> int | None:
+        """The data file's inode if it is shorter than the pages its last commit uses (a
+        truncated file), else None. LMDB writes pages before the commit that counts them,
+        so a whole file is never shorter."""
+        data = os.stat(self.path / "data.mdb")
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        return data.st_ino if data.st_size < needed else None
+
+    def _discard_cut_file(self, inode: int) -> None:
+        """Delete the truncated data file (and its lock file), unless another process on
+        the node replaced it already: the cache is a copy, refilled from the object store."""
+        with self._layout_lock():
+            data = self.path / "data.mdb"
+            try:
+                if os.stat(data).st_ino != inode:
+                    return
+            except FileNotFoundError:
+                return
+            log.warning("cache %s: data.mdb is truncated; starting it again empty", self.path)
+            data.unlink()
+            (self.path / "lock.mdb").unlink(missing_ok=True)
+
+    @contextmanager
+    def _layout_lock(self) -> Iterator[None]:
         with open(self.path / ".layout.lock", "a+b") as lock:
             fcntl.lockf(lock, fcntl.LOCK_EX)  # a record lock: never inherited by a forked child
+            yield
+
+    def _layout(self) -> tuple[int, int, bool]:
+        """The map size and budget fixed at creation, or fixed now (once per node); and
+        whether this call fixed them."""
+        layout = self.path / _LAYOUT_FILE
+        with self._layout_lock():
             try:
                 fixed = json.loads(layout.read_text())
-                return int(fixed["map_size"]), int(fixed["budget_cap"])
+                return int(fixed["map_size"]), int(fixed["budget_cap"]), False
             except (FileNotFoundError, ValueError, KeyError):
                 pass
             map_size = max(self._requested_map_size, 1 << 20)
@@ -319,7 +363,17 @@ class SharedEnv:
             fixed = {"version": _LAYOUT_VERSION, "map_size": map_size, "budget_cap": budget_cap}
             tmp.write_text(json.dumps(fixed))
             os.replace(tmp, layout)
-            return map_size, budget_cap
+            return map_size, budget_cap, True
+
+    def _forget_layout(self, map_size: int) -> None:
+        """Remove the layout this process fixed, if it still says ``map_size``."""
+        layout = self.path / _LAYOUT_FILE
+        with self._layout_lock():
+            try:
+                if int(json.loads(layout.read_text())["map_size"]) == map_size:
+                    layout.unlink()
+            except (FileNotFoundError, ValueError, KeyError):
+                pass
 
 
 class LmdbTier(Store):
@@ -573,6 +627,11 @@ def _key_order(missing: int, residents: list[Resident], txn: object) -> list[str
         victims.append(r.key)
         freed += r.size
     return victims
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """Whether opening failed because the map could not be reserved (a size too big here)."""
+    return isinstance(err, lmdb.MemoryError) or getattr(err, "errno", None) == errno.ENOMEM
 
 
 def _unavailable(err: BaseException, path: Path) -> StoreUnavailableError:

@@ -276,3 +276,51 @@ def test_a_reader_killed_inside_a_read_transaction_does_not_fill_the_map(tmp_pat
     assert admitted == 60, tier.counters
     assert tier.env.file_bytes() <= 1.1 * budget
     tier.close()
+
+
+TRUNCATED_READER = textwrap.dedent(
+    """
+    import sys
+    from cachetier.lmdbtier import LmdbTier, SharedEnv
+    env = SharedEnv(sys.argv[1], map_size=8 << 20, budget=6 << 20)
+    tier = LmdbTier(env, budget=6 << 20)
+    found = sum(tier.exists(f"k{i}") for i in range(40))  # reads the tree: past the end if cut
+    tier.put("after", b"a")
+    print(found, tier.get("after") == b"a")
+    """
+)
+
+
+def test_a_truncated_data_file_is_started_again_instead_of_crashing_every_reader(tmp_path: Path) -> None:
+    """LMDB maps pages past the end of a cut file: touching one kills the process (SIGBUS).
+    The reader (a subprocess, so such a crash cannot take pytest down) finds an empty tier."""
+    tier = make_tier(tmp_path / "env", 6 << 20)
+    for i in range(40):
+        tier.put(f"k{i}", os.urandom(40_000))
+    tier.close()
+    data = tmp_path / "env" / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+    warned = []
+    for _ in range(2):  # the second reader keeps the file the first one started again
+        result = subprocess.run(
+            [sys.executable, "-c", TRUNCATED_READER, str(tmp_path / "env")],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, (result.returncode, result.stderr)
+        assert result.stdout.split() == ["0", "True"]
+        warned.append("truncated" in result.stderr)
+    assert warned == [True, False]
+
+
+def test_a_map_size_the_node_cannot_reserve_is_not_fixed_for_the_next_runs(tmp_path: Path) -> None:
+    huge = SharedEnv(tmp_path / "env", map_size=1 << 60, budget=1 << 59)  # 1 EiB: no machine maps it
+    with pytest.raises(StoreUnavailableError):
+        LmdbTier(huge, budget=1 << 59).exists("x")
+    assert not (tmp_path / "env" / "tier.json").exists()
+    tier = make_tier(tmp_path / "env", 1 << 20)
+    tier.put("k", b"v")
+    assert tier.get("k") == b"v" and tier.env.budget_cap == 1 << 20
+    tier.close()
