@@ -361,24 +361,23 @@ class StreamingDataset(IterableDataset):
         return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
 
     def __len__(self) -> int:
-        """Items (batches in batch mode, else samples) this rank yields: in all, while an
-        iteration runs; otherwise in the next iteration (what remains of a stopped or
-        loaded epoch, or the whole next epoch after a finished one).
+        """Items (batches in batch mode, else samples) this rank yields in a whole epoch.
 
-        torch's ``DataLoader`` warns when an iterator yields more batches than the length
-        it last read, counting from the iterator's start: so while an iteration runs, its
-        length stays that of the whole iteration.
+        Also while an epoch that was stopped or loaded from a state goes on: the iteration
+        then yields only what remains, and a trainer that restores its own count of the
+        batches done (Lightning) ends the epoch when that count reaches this length, as
+        with torchdata's ``StatefulDataLoader``. torch's ``DataLoader`` warns only when an
+        iterator yields more than the length, which a whole epoch never is.
         """
         p = self._progress
-        if p is not None and p.open:
-            part = p.part
-        elif (spec := self._loader_spec) is not None:
-            part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
+        spec = p.spec if p is not None and p.open else self._loader_spec
+        if spec is not None:
+            world_size, rank, block, drop_last = spec.world_size, spec.rank, spec.block, spec.drop_last
         else:
             ranks = self._detect_ranks()
+            world_size, rank = ranks.world_size, ranks.rank
             block, drop_last = self._default_block()
-            _, remaining, _ = self._start(ranks, block, drop_last)
-            part = Partition(remaining, ranks.world_size, ranks.rank, block, drop_last)
+        part = Partition(Remaining(self.records), world_size, rank, block, drop_last)
         return part.num_chunks if self.batch_size is not None else part.samples
 
     # -- iteration --------------------------------------------------------------------

@@ -323,7 +323,12 @@ _TORCH_LEN_WARNING = "Length of IterableDataset"
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("batch_mode", [True, False])
-def test_len_is_what_the_next_iteration_yields(source, total_records, num_workers, batch_mode):
+def test_len_is_the_whole_epoch_also_while_a_stopped_or_loaded_epoch_goes_on(
+    source, total_records, num_workers, batch_mode
+):
+    """What Lightning and torchdata expect: a trainer that restored its count of batches
+    done ends the resumed epoch at ``len``; the resumed iteration yields the rest."""
+
     def make() -> StreamingDataLoader:
         if batch_mode:
             return StreamingDataLoader(
@@ -340,20 +345,23 @@ def test_len_is_what_the_next_iteration_yields(source, total_records, num_worker
     assert len(loader) == full
     it = iter(loader)
     take(it, 4)
-    assert len(loader) == full, "while an iteration runs, its length is the whole iteration's"
+    assert len(loader) == full
     del it  # a consumer that stopped after 4 batches
-    assert len(loader) == full - 4
-    assert len(loader.streaming_dataset) == (full - 4 if batch_mode else total_records - 40)
+    middle = loader.state_dict()
+    assert len(loader) == full and len(loader.streaming_dataset) == (full if batch_mode else total_records)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rest = []
         for batch in loader:  # torch compares what it fetched with the len it last read
             rest.append(batch)
-            assert len(loader) == full - 4
+            assert len(loader) == full
     assert not [w for w in caught if _TORCH_LEN_WARNING in str(w.message)]
-    assert len(rest) == full - 4
-    assert len(loader) == full, "after a finished epoch: the whole next one"
-    assert len(list(loader)) == full
+    assert len(rest) == full - 4, "the epoch goes on where it stopped"
+    assert len(loader) == full and len(list(loader)) == full
+    resumed = make()
+    resumed.load_state_dict(middle)
+    assert len(resumed) == full
+    assert 4 + len(list(resumed)) == full, "restored count + what the resumed epoch yields = len"
     end = loader.state_dict()
     assert end["consumed"] == total_records
     fresh = make()

@@ -311,18 +311,18 @@ def test_arrow_file_source_reads_files_and_fingerprints_them(source, total_recor
 
 
 @pytest.mark.parametrize("batch_size", [None, 10])
-def test_len_is_what_the_next_iteration_of_the_dataset_yields(source, total_records, batch_size):
+def test_len_of_the_dataset_is_the_whole_epoch_also_after_a_stop(source, total_records, batch_size):
     full = -(-total_records // 10) if batch_size else total_records
     ds = StreamingDataset(source, shuffle=True, batch_size=batch_size)
     assert len(ds) == full
     it = iter(ds)
     first = [next(it) for _ in range(7)]
-    assert len(ds) == full, "while an iteration runs, its length is the whole iteration's"
+    assert len(ds) == full
     del it  # stopped after 7 items
-    assert len(ds) == full - 7
+    assert len(ds) == full, "the epoch's length, not what remains of it"
     rest = list(ds)
     assert len(rest) == full - 7 and sorted(ids_of(first + rest)) == list(range(total_records))
-    assert len(ds) == full, "after a finished epoch: the whole next one"
+    assert len(ds) == full
     end = ds.state_dict()
     assert (end["epoch"], end["consumed"]) == (0, total_records)
     fresh = StreamingDataset(source, shuffle=True, batch_size=batch_size)

@@ -77,35 +77,63 @@ def test_ddp_ranks_from_the_process_group_are_disjoint_equal_and_cover_the_epoch
     assert first != second, "rank 0 saw the same records in both epochs: set_epoch had no effect"
 
 
-def test_lightning_trainer_fits_every_record_once_per_epoch(source, total_records, tmp_path):
-    class Recorder(lightning.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: dict[int, list[int]] = {}
+class _Recorder(lightning.LightningModule):
+    """Records the ids each training step sees, by epoch."""
 
-        def training_step(self, batch, batch_idx):
-            self.seen.setdefault(self.current_epoch, []).extend(batch["id"].tolist())
-            x = batch["id"].float().unsqueeze(1)
-            return self.layer(x).pow(2).mean()
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: dict[int, list[int]] = {}
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-6)
+    def training_step(self, batch, batch_idx):
+        self.seen.setdefault(self.current_epoch, []).extend(batch["id"].tolist())
+        x = batch["id"].float().unsqueeze(1)
+        return self.layer(x).pow(2).mean()
 
-    ds = StreamingDataset(source, shuffle=True, seed=1, batch_size=16)
-    model = Recorder()
-    trainer = lightning.Trainer(
-        max_epochs=2,
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+
+def _trainer(root: Path, **options) -> lightning.Trainer:
+    return lightning.Trainer(
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        default_root_dir=tmp_path,
+        default_root_dir=root,
+        **options,
     )
+
+
+def test_lightning_trainer_fits_every_record_once_per_epoch(source, total_records, tmp_path):
+    ds = StreamingDataset(source, shuffle=True, seed=1, batch_size=16)
+    model = _Recorder()
+    trainer = _trainer(tmp_path, max_epochs=2, enable_checkpointing=False)
     trainer.fit(model, train_dataloaders=StreamingDataLoader(ds, num_workers=2))
     assert sorted(model.seen) == [0, 1]
     for epoch, ids in model.seen.items():
         assert sorted(ids) == list(range(total_records)), f"epoch {epoch} missed or repeated records"
     assert model.seen[0] != model.seen[1], "Lightning's set_epoch did not reach the dataset"
+
+
+def test_lightning_resumes_mid_epoch_with_every_record_once(source, total_records, tmp_path):
+    """Lightning saves the loader's state with its own count of batches done and, resumed,
+    ends the epoch when that count reaches ``len(loader)``: the whole epoch's length."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def loader() -> StreamingDataLoader:
+        return StreamingDataLoader(
+            StreamingDataset(source, shuffle=True, seed=1, batch_size=16), num_workers=2
+        )
+
+    first = _Recorder()
+    every_4 = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    _trainer(tmp_path, max_steps=4, callbacks=[every_4]).fit(first, train_dataloaders=loader())
+    assert len(first.seen[0]) == 4 * 16
+    resumed = _Recorder()
+    _trainer(tmp_path, max_epochs=2, enable_checkpointing=False).fit(
+        resumed, train_dataloaders=loader(), ckpt_path=tmp_path / "step=4.ckpt"
+    )
+    assert sorted(first.seen[0] + resumed.seen[0]) == list(range(total_records)), "epoch 0 lost records"
+    assert sorted(resumed.seen[1]) == list(range(total_records)), "epoch 1 is not a whole epoch"
