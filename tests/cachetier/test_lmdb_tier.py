@@ -25,6 +25,17 @@ def make_tier(path: Path, budget: int, headroom: float = 0.1) -> LmdbTier:
     return LmdbTier(env, budget=budget)
 
 
+def run_script(script: str, env_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter with the environment's path as its argument."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(env_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def pages_in_use(tier: LmdbTier) -> int:
     with tier.env.read() as txn:
         return tier.env.used_bytes(txn)
@@ -168,13 +179,7 @@ FORK_CHILD = textwrap.dedent(
 
 
 def test_forked_child_reopens_the_environment(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", FORK_CHILD, str(tmp_path / "env")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_script(FORK_CHILD, tmp_path / "env")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 
@@ -226,13 +231,7 @@ FORK_WHILE_BUSY = textwrap.dedent(
 
 def test_fork_waits_for_transactions_of_other_threads(tmp_path: Path) -> None:
     """Without the fork gate a child forked mid-transaction hung reopening the environment."""
-    result = subprocess.run(
-        [sys.executable, "-c", FORK_WHILE_BUSY, str(tmp_path / "env")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    result = run_script(FORK_WHILE_BUSY, tmp_path / "env", timeout=90)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
 
@@ -302,13 +301,7 @@ def test_a_truncated_data_file_is_started_again_instead_of_crashing_every_reader
     os.truncate(data, data.stat().st_size // 2)
     warned = []
     for _ in range(2):  # the second reader keeps the file the first one started again
-        result = subprocess.run(
-            [sys.executable, "-c", TRUNCATED_READER, str(tmp_path / "env")],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_script(TRUNCATED_READER, tmp_path / "env")
         assert result.returncode == 0, (result.returncode, result.stderr)
         assert result.stdout.split() == ["0", "True"]
         warned.append("truncated" in result.stderr)
