@@ -70,7 +70,8 @@ class DevicePrefetcher:
     batch held ahead, and when the loop stops early (``break``, an error) the loader takes
     that batch back, so ``state_dict()`` and the next iteration go on from the first
     batch not handed out. A :class:`~loaders.StreamingDataLoader` or
-    :class:`~loaders.StreamingDataset` does this itself; any other loader with
+    :class:`~loaders.StreamingDataset` does this itself (also one that a plain
+    ``DataLoader`` with no workers passes through in batch mode); any other loader with
     ``state_dict()`` / ``load_state_dict()`` (torchdata's ``StatefulDataLoader``, say) has
     its state saved before each batch is read ahead, and restored when the loop stops
     early. Without CUDA (or for a CPU device) the same loop runs with no copy: batches
@@ -82,12 +83,11 @@ class DevicePrefetcher:
         self.device = _resolve(device)
         self.active = self.device.type == "cuda" and torch.cuda.is_available()
         self._held = 0  # batches taken from the loader and not handed out yet
+        self._holder = _holder(loader)
         # A loader that cannot leave out batches by itself: its state just before the
         # batch held ahead was read (and, once a loop stopped early, the state it was
         # rewound to), which is what ``state_dict()`` reports while a batch is held.
-        self._saves_states = not hasattr(loader, "_state_dict_holding_back") and callable(
-            getattr(loader, "state_dict", None)
-        )
+        self._saves_states = self._holder is None and callable(getattr(loader, "state_dict", None))
         self._before_held: dict[str, Any] | None = None
         self._rewound = False
 
@@ -109,9 +109,8 @@ class DevicePrefetcher:
         finally:
             _close(batches)  # the loader's iteration is over before it takes a batch back
             if self._held:
-                give_back = getattr(self.loader, "_give_back", None)
-                if give_back is not None:
-                    give_back(self._held)
+                if self._holder is not None:
+                    self._holder._give_back(self._held)
                 elif self._before_held is not None:
                     self.loader.load_state_dict(self._before_held)  # type: ignore[attr-defined]
                     self._rewound = True
@@ -129,17 +128,30 @@ class DevicePrefetcher:
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state, without the batch read ahead."""
-        holding_back = getattr(self.loader, "_state_dict_holding_back", None)
-        if holding_back is not None:
-            return holding_back(self._held)  # type: ignore[no-any-return]
+        if self._holder is not None:
+            return self._holder._state_dict_holding_back(self._held)  # type: ignore[no-any-return]
         if self._before_held is not None and (self._held or self._rewound):
             return self._before_held
         return self.loader.state_dict()  # type: ignore[attr-defined,no-any-return]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Pass ``state`` to the loader."""
-        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+        """Pass ``state`` to the loader (or to the dataset a plain ``DataLoader`` passes through)."""
+        target = self.loader if hasattr(self.loader, "load_state_dict") else self._holder
+        target.load_state_dict(state)  # type: ignore[union-attr]
         self._before_held, self._rewound = None, False
+
+
+def _holder(loader: Any) -> Any:
+    """What takes back the batches read ahead: the loader itself (a StreamingDataLoader or
+    StreamingDataset), or the StreamingDataset that a plain ``DataLoader`` passes through
+    in this process (no workers, no batching of its own); None for any other loader."""
+    if hasattr(loader, "_give_back"):
+        return loader
+    if callable(getattr(loader, "state_dict", None)):
+        return None  # a stateful loader keeps its own state (torchdata's, say)
+    dataset = getattr(loader, "dataset", None)
+    passes_through = getattr(loader, "num_workers", None) == 0 and getattr(loader, "batch_size", 0) is None
+    return dataset if passes_through and hasattr(dataset, "_give_back") else None
 
 
 class _Transfer:

@@ -424,6 +424,29 @@ def test_device_prefetcher_over_a_stateful_dataloader_resumes_without_losing_the
     assert seen + ids_of(device) == expected, "the same loader skipped or repeated the batch read ahead"
 
 
+def test_device_prefetcher_over_a_plain_dataloader_without_workers_keeps_the_count(source):
+    """A plain DataLoader passing the dataset's batches through: the dataset takes back the
+    batch read ahead, and the prefetcher reports (and loads) the dataset's state."""
+
+    def make() -> DevicePrefetcher:
+        ds = StreamingDataset(source, shuffle=True, seed=6, batch_size=8)
+        return DevicePrefetcher(torch.utils.data.DataLoader(ds, batch_size=None), "cpu")
+
+    expected = ids_of(make())
+    device = make()
+    seen = []
+    for i, batch in enumerate(device):
+        seen += batch["id"].tolist()
+        if i == 4:
+            break
+    state = device.state_dict()
+    assert state["consumed"] == 40
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert seen + ids_of(resumed) == expected
+    assert seen + ids_of(device) == expected, "the same loader skipped the batch read ahead"
+
+
 def test_device_prefetcher_gives_back_the_batch_read_ahead_when_training_fails(source):
     loader, device = _prefetched(source, 0)
     with pytest.raises(RuntimeError, match="step failed"):
