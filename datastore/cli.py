@@ -9,13 +9,15 @@ traceback), 2 a usage error. Set ``TIERDATA_DEBUG=1`` for tracebacks.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from cachetier.errors import TierdataError
 
@@ -62,6 +64,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(result, int):
         return result
     return 0
+
+
+def run() -> NoReturn:
+    """The ``dataset`` program: :func:`main`, then an exit without the interpreter's teardown.
+
+    Arrow's native thread pools can abort a process while the interpreter and its static
+    objects are torn down ("terminate called without an active exception",
+    apache/arrow#34314), after the command did its work and printed its result: a commit
+    that landed would report a crash. So the exit runs what a normal one runs for us
+    (other threads finished, ``atexit`` handlers: logging, multiprocessing finalizers, the
+    cache's counters), flushes the output, and ends with ``os._exit``.
+    """
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
+            pass
+    os._exit(code)
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str) -> int:
@@ -566,4 +591,4 @@ def cmd_gc(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
