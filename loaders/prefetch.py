@@ -10,8 +10,8 @@ GIL), and releases a shard as soon as the reader's windows have moved past it.
 Memory stays bounded: the shards of the window in use (``shuffle_window`` of them) plus
 ``depth`` shards ahead; a reader may swap a held shard for the part it still needs
 (:meth:`ShardPrefetcher.replace`). Threads are daemons, made per iteration and stopped
-when it ends; none exists while a dataset is idle, so forking DataLoader workers never
-copies a running thread, and an idle thread holds no shard.
+(and waited for) when it ends; none exists while a dataset is idle, so forking DataLoader
+workers never copies a running thread, and an idle thread holds no shard.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -31,6 +32,7 @@ from loaders.plan import EpochPlan
 __all__ = ["ShardPrefetcher", "needed_shards", "touched_windows"]
 
 _ANNOUNCE_SHARDS = 1024
+_JOIN_S = 30.0  # at most this long waiting for the reads in progress when a prefetcher closes
 
 
 class _DaemonPool:
@@ -77,6 +79,12 @@ class _DaemonPool:
                 item[0].cancel()
         for _ in self._threads:
             self._tasks.put(None)
+        # Wait for the reads in progress: a DataLoader may fork its workers next, and a
+        # thread still reading could hold a lock the forked child would wait on forever.
+        # Bounded, so a read stuck on a slow store delays the caller, never hangs it.
+        deadline = time.monotonic() + _JOIN_S
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def touched_windows(plan: EpochPlan, part: Partition, chunks: range) -> Iterator[int]:
@@ -179,7 +187,7 @@ class ShardPrefetcher:
             self._held[1][index] = shard
 
     def close(self) -> None:
-        """Stop the threads; reads in progress finish and are dropped."""
+        """Stop the threads: reads in progress finish (waited for) and are dropped."""
         self._held = None
         self._futures.clear()
         self._pool.close()
