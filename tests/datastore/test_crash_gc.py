@@ -124,15 +124,17 @@ def test_gc_keeps_what_an_ingest_reused_after_the_listing(
     repo = Repo.init(repo_url, workspace=project)
     src = tmp_path / "d.jsonl"
     write_sample_jsonl(src, 3000, seed=3)
+    # The grace must outlast the second ingest plus gc's start (slow on a loaded S3 server),
+    # or the touched shard is old again by the time gc asks.
+    grace = 5.0
     repo.ingest(src)
     repo.unstage()  # its shard is now garbage ...
-    time.sleep(1.1)
-    listed = maintenance.unreachable(repo.store, repo.objects, 1.0, keep=repo.staged_object_ids())
+    time.sleep(grace + 0.1)
+    listed = maintenance.unreachable(repo.store, repo.objects, grace, keep=repo.staged_object_ids())
     assert listed and {item.kind for item in listed} <= {"object", "pack"}
-    time.sleep(1.1)
     repo.ingest(src)  # ... until this ingest reuses (touches) it
     monkeypatch.setattr(maintenance, "unreachable", lambda *a, **k: listed)
-    result = repo.gc(grace_seconds=1.0)
+    result = repo.gc(grace_seconds=grace)
     assert result["removed"] == 0, result
     repo.commit("reused")
     assert repo.verify()["ok"]
