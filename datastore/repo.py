@@ -23,24 +23,18 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from cachetier.errors import BadInputError, ConflictError, NotFoundError, TierdataError, UsageError
 from cachetier.hashing import DEFAULT_HASH
 from cachetier.registry import normalize_url, open_store
 from cachetier.store import Store
-from datastore.shardpatch import shard_objects
+from datastore.shardobjects import shard_objects
 from datastore.workspace import Head, Workspace, find_workspace
 from versioning import (
     RefStore,
-    ShardEntry,
-    ShardTable,
     VersionDiff,
     VersionRecord,
-    commit,
-    load_shard_table,
     load_version,
     log,
     make_operation,
@@ -48,6 +42,11 @@ from versioning import (
     validate_ref_name,
 )
 from versioning import diff as diff_versions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from versioning import ShardEntry, ShardTable
 
 _logger = logging.getLogger(__name__)
 
@@ -379,6 +378,8 @@ class Repo:
         )
         if dedup:
             operation["result"] = {"removed_records": dedup["removed_records"], "clusters": dedup["clusters"]}
+        from versioning import commit  # loads pyarrow, which reading a repository does not need
+
         version, record = commit(
             self.store,
             self.objects,
@@ -412,6 +413,8 @@ class Repo:
         Used by derived operations (dedup): the branch must still be at ``base``.
         """
         branch = branch or self._require_branch("commit")
+        from versioning import commit  # loads pyarrow, which reading a repository does not need
+
         version, record = commit(
             self.store,
             self.objects,
@@ -459,6 +462,8 @@ class Repo:
 
     def shard_table(self, ref: str | None = None) -> ShardTable:
         """The shard table of the version ``ref`` names."""
+        from versioning import load_shard_table
+
         return load_shard_table(self.objects, self.show(ref).record.data_hash)
 
     def tag(self, name: str, ref: str | None = None) -> str:
@@ -611,11 +616,15 @@ def schema_from_dict(data: dict[str, Any]) -> pa.Schema:
     """Invert :func:`schema_to_dict`."""
     import base64
 
+    import pyarrow as pa
+
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["arrow"])))
 
 
 def staged_shard_entries(staged: dict[str, Any]) -> list[ShardEntry]:
     """The shards of every staged ingest, in order, as shard-table entries."""
+    from versioning import ShardEntry
+
     return [
         ShardEntry(**{**s, "chunks": tuple(s["chunks"]), "first_record": 0})
         for ingest in staged["ingests"]

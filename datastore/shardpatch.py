@@ -35,10 +35,8 @@ import pyarrow as pa
 
 from cachetier.deltas import MAX_DEPTH, encode_delta
 from cachetier.errors import IntegrityError
-from cachetier.hashing import DEFAULT_HASH
-from cachetier.objects import ObjectStore
-from cachetier.store import Store
 from datastore.recordhash import HASH_COLUMN, digest_prefixes
+from datastore.shardobjects import CODEC, shard_objects
 from datastore.shards import EncodedShard, PendingShard, ShardOptions, batch_ends, encode_rows, read_shard
 
 __all__ = [
@@ -51,17 +49,11 @@ __all__ = [
     "shard_objects",
 ]
 
-CODEC = "shard-rows/1"
 #: How many record hashes sketch a shard (its bottom-k anchors).
 ANCHORS = 8
 #: A delta is stored only when it is at most this fraction of the full shard.
 _MAX_DELTA_FRACTION = 0.5
 _LENGTH = struct.Struct("<I")
-
-
-def shard_objects(store: Store, *, algorithm: str = DEFAULT_HASH, max_workers: int = 8) -> ObjectStore:
-    """An object store over ``store`` that reads shards stored as deltas."""
-    return ObjectStore(store, algorithm=algorithm, max_workers=max_workers, rebuilder=ShardRebuilder())
 
 
 def anchors(hashes: pa.FixedSizeBinaryArray) -> list[str]:

@@ -16,26 +16,32 @@ repository store and the cache reopen their handles in the new process.
 
 from __future__ import annotations
 
+import base64
 import io
 import mmap
 import os
+import struct
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+import numpy as np
 
 from cachetier.config import CacheConfig, load_cache_config
+from cachetier.errors import IntegrityError
 from cachetier.pages import drop_mapping
 from cachetier.tiered import StreamingDecoder, TieredStore
-from datastore.repo import Repo, schema_from_dict
-from datastore.shards import read_shard, shard_batches
-from versioning import ShardTable, load_shard_table
+from datastore.repo import Repo
+from loaders.ipcview import Field, IpcFile, UnsupportedIpc, open_ipc_file, read_schema
 
-__all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "open_shard_source"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["RepoShardSource", "ShardDecoder", "decode_shard", "decode_shard_index", "open_shard_source"]
 
 _DECODED = "ipc-plain"
+_INDEX = "shard-index"
 _MAPPED_MAX = 64
 
 
@@ -48,11 +54,17 @@ class ShardDecoder(StreamingDecoder):
     """
 
     def __call__(self, raw: memoryview | bytes) -> pa.Buffer:
+        import pyarrow as pa
+
         sink = pa.BufferOutputStream()
         self.write_to(raw, sink)
         return sink.getvalue()
 
     def write_to(self, raw: memoryview | bytes, sink: Any) -> None:
+        import pyarrow as pa
+
+        from datastore.shards import shard_batches
+
         schema, batches = shard_batches(raw)
         with pa.ipc.new_file(sink, schema) as writer:
             for batch in batches:  # one decompressed batch at a time, not a second whole copy
@@ -63,6 +75,37 @@ class ShardDecoder(StreamingDecoder):
 #: Decodes a stored shard for the RAM tier (see :class:`ShardDecoder`).
 decode_shard = ShardDecoder()
 
+_INDEX_MAGIC = b"TDSHIDX1"
+_INDEX_HEAD = struct.Struct("<8sQ")
+
+
+def decode_shard_index(raw: memoryview | bytes) -> bytes:
+    """What the loader needs of a shard table (Parquet), in a form numpy reads in place.
+
+    ``magic, n`` then the ``n`` shard ids (32 bytes each), record counts and decoded
+    sizes (little-endian int64). The RAM tier keeps it beside the table, so a process
+    that streams a warm version opens it without pyarrow (whose import alone costs a
+    training process and each of its workers about 30 MB of RSS).
+    """
+    from versioning import ShardTable
+
+    table = ShardTable.decode(bytes(raw))
+    counts = np.stack([table.records, table.uncompressed_bytes]).astype("<i8")
+    head = _INDEX_HEAD.pack(_INDEX_MAGIC, len(table))
+    return head + np.ascontiguousarray(table.raw_hashes()).tobytes() + counts.tobytes()
+
+
+def _read_shard_index(data: memoryview, subject: str) -> tuple[list[str], list[int], list[int]]:
+    """Invert :func:`decode_shard_index`: shard ids (hex), record counts, decoded sizes."""
+    if data.nbytes < _INDEX_HEAD.size:
+        raise IntegrityError("shard index is cut short", subject=subject)
+    magic, n = _INDEX_HEAD.unpack_from(data)
+    if magic != _INDEX_MAGIC or data.nbytes != _INDEX_HEAD.size + n * 48:
+        raise IntegrityError("shard index is not one this version of tierdata writes", subject=subject)
+    ids = bytes(data[_INDEX_HEAD.size : _INDEX_HEAD.size + 32 * n]).hex()
+    counts = np.frombuffer(data, "<i8", 2 * n, _INDEX_HEAD.size + 32 * n).reshape(2, n)
+    return [ids[i : i + 64] for i in range(0, 64 * n, 64)], counts[0].tolist(), counts[1].tolist()
+
 
 class RepoShardSource:
     """The shards of one version, read through a tiered cache (or straight from the store)."""
@@ -72,12 +115,10 @@ class RepoShardSource:
         self.version_id = version_id
         record = repo.show(version_id).record
         self._stored_schema = record.schema
-        table = _shard_table(repo, record.data_hash, cache)
-        self.shards: list[tuple[str, int]] = list(
-            zip(table.hashes(), (int(n) for n in table.records), strict=True)
-        )
+        ids, records, sizes = _shard_index(repo, record.data_hash, cache)
+        self.shards: list[tuple[str, int]] = list(zip(ids, records, strict=True))
         #: decoded bytes of each shard (the loader groups small shards for its shuffle)
-        self.shard_bytes: list[int] = table.uncompressed_bytes.tolist()
+        self.shard_bytes: list[int] = sizes
         self.cache = cache
         self._reader: str | None = None
         self._lock = threading.Lock()
@@ -87,20 +128,50 @@ class RepoShardSource:
 
     def read_shard(self, shard_id: str, columns: Sequence[str] | None = None) -> pa.Table:
         """The records of ``shard_id`` (hidden columns dropped; only ``columns`` when given)."""
+        import pyarrow as pa
+
+        from datastore.shards import read_shard
+
         if self.cache is None:
             return read_shard(self.repo.objects.get(shard_id), columns)
+        return read_shard(pa.py_buffer(self._decoded(shard_id)), columns, plain=True)
+
+    def read_shard_view(self, shard_id: str, columns: Sequence[str] | None = None) -> IpcFile | pa.Table:
+        """The records of ``shard_id`` as a view of the RAM tier's decoded file, read
+        without pyarrow (:mod:`loaders.ipcview`); as :meth:`read_shard`'s table when the
+        view cannot hold them (no cache, a column type or encoding the view does not read)."""
+        if self.cache is None:
+            return self.read_shard(shard_id, columns)
+        view = self._decoded(shard_id)
+        try:
+            ipc = open_ipc_file(view)
+            if ipc.supports(columns if columns is not None else _visible(ipc.schema)):
+                return ipc
+        except UnsupportedIpc:
+            pass
+        import pyarrow as pa
+
+        from datastore.shards import read_shard
+
+        return read_shard(pa.py_buffer(view), columns, plain=True)
+
+    def _decoded(self, shard_id: str) -> memoryview:
+        """The RAM tier's decoded file of ``shard_id`` (remembered for :meth:`drop_pages`)."""
+        assert self.cache is not None
         view = self.cache.get_decoded(shard_id, decode_shard, kind=_DECODED, reader=self._reader_id())
         if isinstance(view.obj, mmap.mmap):  # not a fresh decode in private memory
             if len(self._mapped) >= _MAPPED_MAX:
                 self._mapped = {k: r for k, r in self._mapped.items() if r() is not None}
             self._mapped[shard_id] = weakref.ref(view.obj)
-        return read_shard(pa.py_buffer(view), columns, plain=True)
+        return view
 
     @property
-    def schema(self) -> pa.Schema | None:
-        """The version's schema, as its record holds it (hidden ``__`` columns left out)."""
+    def schema(self) -> list[Field] | None:
+        """The version's columns, as its record holds them (hidden ``__`` columns left out)."""
         stored = self._stored_schema
-        return schema_from_dict(stored) if stored.get("arrow") else None
+        if not stored.get("arrow"):
+            return None
+        return [f for f in read_schema(base64.b64decode(stored["arrow"])) if not f.name.startswith("__")]
 
     def read_chunks(self, chunk_ids: Sequence[str], size: int | None, subject: str) -> bytes:
         """The bytes of a big value of a ``files`` version, stored as content-defined chunks:
@@ -148,10 +219,23 @@ class RepoShardSource:
         return f"RepoShardSource({self.repo.url!r}, {self.version_id[:12]}, {len(self.shards)} shards)"
 
 
-def _shard_table(repo: Repo, data_hash: str, cache: TieredStore | None) -> ShardTable:
-    """A version's shard table, read through the cache when there is one, so a version
-    warmed into the cache (``dataset cache warm``) streams without the object store."""
-    return load_shard_table(cache if cache is not None else repo.objects, data_hash)  # type: ignore[arg-type]
+def _visible(fields: Sequence[Field]) -> list[str]:
+    return [f.name for f in fields if not f.name.startswith("__")]
+
+
+def _shard_index(
+    repo: Repo, data_hash: str, cache: TieredStore | None
+) -> tuple[list[str], list[int], list[int]]:
+    """A version's shard ids, record counts and decoded sizes. Through the cache when
+    there is one (a version warmed into it, ``dataset cache warm``, streams without the
+    object store), from the shard index it keeps decoded in RAM (:func:`decode_shard_index`)."""
+    if cache is None:
+        from versioning import load_shard_table
+
+        table = load_shard_table(repo.objects, data_hash)
+        return table.hashes(), table.records.tolist(), table.uncompressed_bytes.tolist()
+    view = cache.get_decoded(data_hash, decode_shard_index, kind=_INDEX)
+    return _read_shard_index(view, f"shard table {data_hash[:16]}")
 
 
 def open_shard_source(

@@ -7,15 +7,21 @@ counts what reached training so ``state_dict()`` resumes exactly, under any worl
 ``DevicePrefetcher`` / ``to_device`` move batches to the GPU one batch ahead.
 """
 
-from loaders.dataloader import StreamingDataLoader
-from loaders.dataset import StreamingDataset
-from loaders.device import DevicePrefetcher, to_device
-from loaders.filesource import ArrowFileSource
-from loaders.partition import Partition
-from loaders.plan import EpochPlan, make_plan
-from loaders.source import ShardSource, open_source
-from loaders.state import LoaderState, WorkerProgress
-from loaders.world import World
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loaders.dataloader import StreamingDataLoader
+    from loaders.dataset import StreamingDataset
+    from loaders.device import DevicePrefetcher, to_device
+    from loaders.filesource import ArrowFileSource
+    from loaders.partition import Partition
+    from loaders.plan import EpochPlan, make_plan
+    from loaders.source import ShardSource, open_source
+    from loaders.state import LoaderState, WorkerProgress
+    from loaders.world import World
 
 __all__ = [
     "ArrowFileSource",
@@ -32,3 +38,33 @@ __all__ = [
     "open_source",
     "to_device",
 ]
+
+#: Where each name lives, imported on first use (PEP 562): the repository layer imports
+#: :mod:`loaders.ipcview` without loading torch and the whole loader.
+_HOME = {
+    "ArrowFileSource": "loaders.filesource",
+    "DevicePrefetcher": "loaders.device",
+    "EpochPlan": "loaders.plan",
+    "LoaderState": "loaders.state",
+    "Partition": "loaders.partition",
+    "ShardSource": "loaders.source",
+    "StreamingDataLoader": "loaders.dataloader",
+    "StreamingDataset": "loaders.dataset",
+    "WorkerProgress": "loaders.state",
+    "World": "loaders.world",
+    "make_plan": "loaders.plan",
+    "open_source": "loaders.source",
+    "to_device": "loaders.device",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _HOME[name]
+    except KeyError:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,8 +1,10 @@
-"""Arrow columns to torch values, column-wise, without a Python object per sample.
+"""Columns of decoded shards to torch values, column-wise, without a Python object per sample.
 
-Each column of a decoded shard keeps its Arrow chunks, seen without a copy where Arrow
-allows (``prepare``, by a *kind* chosen from the Arrow type). Rows reach a batch in one
-of two ways:
+A column chunk arrives as a :class:`loaders.ipcview.Column`: numpy views of its Arrow
+buffers, read from the RAM tier's decoded file without pyarrow, or taken from an Arrow
+array (:func:`loaders.ipcview.column_from_arrow`) where pyarrow read the shard. A *kind*
+chosen from the column's type prepares each chunk (``prepare``, no copy where possible)
+and moves its rows to a batch in one of two ways:
 
 - **in order** (no shuffle): ``slice`` rows of one chunk, ``concat`` the slices;
 - **gathered** (shuffle): rows of a few batches are first gathered from many chunks
@@ -20,7 +22,8 @@ fixed-size list (nested too)    N-D tensor, e.g. ``(batch, 512)``
 temporal (timestamp, date, …)   int64 / int32 tensor of the stored integers
 variable-length list of numbers padded 2-D tensor (pad 0) plus ``<name>_lengths`` (int64)
 string, binary                  list of ``str`` / ``bytes`` (None for null)
-anything else                   list of Python objects (``to_pylist``)
+null                            list of None
+anything else                   list of Python objects (``to_pylist``; needs pyarrow)
 ==============================  ======================================================
 
 Variable-length lists come padded (with lengths) rather than as offsets + values
@@ -40,16 +43,31 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
-from loaders.source import loader_memory_pool
-from loaders.take import row_ranges, take_rows
+from loaders.ipcview import Column, FieldType
 
-__all__ = ["Kind", "ListKind", "NumericKind", "RaggedKind", "kind_of", "lengths_key"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "Kind",
+    "NullKind",
+    "NumericKind",
+    "ObjectKind",
+    "RaggedKind",
+    "StringKind",
+    "kind_of",
+    "lengths_key",
+    "row_ranges",
+]
+
+#: Ranges are worth slicing when they hold at least this many rows on average.
+_RANGE_ROWS = 8
 
 
 def lengths_key(name: str) -> str:
@@ -60,13 +78,15 @@ def lengths_key(name: str) -> str:
 class Kind:
     """How one column type is prepared, indexed and turned into batch values.
 
-    ``data`` is one Arrow chunk as ``prepare`` left it; a *piece* is rows of one or
-    more chunks, ready for ``emit``; a *block* is rows gathered for ``select``.
+    ``data`` is one chunk as ``prepare`` left it; a *piece* is rows of one or more
+    chunks, ready for ``emit``; a *block* is rows gathered for ``select``.
     """
 
     name = "?"
+    #: True when ``prepare`` takes the chunk as a pyarrow array, not as a :class:`Column`
+    arrow = False
 
-    def prepare(self, chunk: pa.Array) -> Any:
+    def prepare(self, chunk: Any) -> Any:
         """One chunk's data (without a copy where possible)."""
         raise NotImplementedError
 
@@ -115,8 +135,8 @@ class NumericKind(Kind):
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
 
-    def prepare(self, chunk: pa.Array) -> np.ndarray:
-        return _fixed_numpy(chunk, self.shape)
+    def prepare(self, chunk: Column) -> np.ndarray:
+        return _numbers(chunk)
 
     def slice(self, data: np.ndarray, start: int, stop: int) -> np.ndarray:
         return data[start:stop]
@@ -158,71 +178,234 @@ class NumericKind(Kind):
         return list(_tensor(piece).unbind(0))
 
 
+@dataclass(frozen=True, slots=True)
+class Ragged:
+    """Rows of variable length: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
+
+    offsets: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def rows(self, start: int, stop: int) -> Ragged:
+        """Rows ``[start, stop)`` (views, no copy)."""
+        return Ragged(self.offsets[start : stop + 1], self.values)
+
+    def take(self, rows: np.ndarray) -> Ragged:
+        """Rows ``rows``, copied into arrays of their own (offsets from 0)."""
+        starts = self.offsets[rows].astype(np.int64)
+        lengths = self.offsets[rows + 1].astype(np.int64) - starts
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # index of every value taken: its row's start, plus its place in the row
+        index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+        return Ragged(offsets, self.values[index])
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The values of all rows, in order, and each row's length (int64)."""
+        first, last = int(self.offsets[0]), int(self.offsets[-1])
+        return self.values[first:last], np.diff(self.offsets).astype(np.int64)
+
+    @staticmethod
+    def join(pieces: Sequence[Ragged]) -> Ragged:
+        """Pieces, in order, as one (copied when there is more than one)."""
+        if len(pieces) == 1:
+            return pieces[0]
+        flats = [p.flat() for p in pieces]
+        lengths = np.concatenate([n for _, n in flats])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Ragged(offsets, np.concatenate([v for v, _ in flats]))
+
+
 class RaggedKind(Kind):
-    """A variable-length list of numbers (Arrow arrays): padded 2-D tensor plus lengths."""
+    """A variable-length list of numbers: padded 2-D tensor plus lengths."""
 
     name = "ragged"
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
 
-    def prepare(self, chunk: pa.Array) -> pa.Array:
-        return chunk
+    def prepare(self, chunk: Column) -> Ragged:
+        assert chunk.offsets is not None and chunk.child is not None
+        return Ragged(chunk.offsets, _numbers(chunk.child))
 
-    def slice(self, data: pa.Array, start: int, stop: int) -> pa.Array:
-        return data.slice(start, stop - start)
+    def slice(self, data: Ragged, start: int, stop: int) -> Ragged:
+        return data.rows(start, stop)
 
-    def concat(self, pieces: Sequence[pa.Array]) -> pa.Array:
-        return (
-            pieces[0]
-            if len(pieces) == 1
-            else pa.concat_arrays(list(pieces), memory_pool=loader_memory_pool())
-        )
+    def concat(self, pieces: Sequence[Ragged]) -> Ragged:
+        return Ragged.join(pieces)
 
-    def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        return self.concat([take_rows(data, rows) for data, rows in parts])
+    def subset(self, parts: Sequence[tuple[Ragged, np.ndarray]]) -> Ragged:
+        return Ragged.join([data.take(rows) for data, rows in parts])
 
-    def new_block(self, rows: int, like: pa.Array, spare: Any = None) -> list[pa.Array]:
+    def new_block(self, rows: int, like: Ragged, spare: Any = None) -> list[Ragged]:
         return []
 
-    def fill(self, block: list[pa.Array], at: int, data: pa.Array, rows: np.ndarray) -> list[pa.Array]:
-        block.append(take_rows(data, rows))
+    def fill(self, block: list[Ragged], at: int, data: Ragged, rows: np.ndarray) -> list[Ragged]:
+        block.append(data.take(rows))
         return block
 
-    def finish(self, block: list[pa.Array]) -> pa.Array:
-        return self.concat(block)
+    def finish(self, block: list[Ragged]) -> Ragged:
+        return Ragged.join(block)
 
-    def select(self, block: pa.Array, rows: np.ndarray) -> pa.Array:
-        return take_rows(block, rows)
+    def select(self, block: Ragged, rows: np.ndarray) -> Ragged:
+        return block.take(rows)
 
-    def _flat(self, piece: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        offsets = piece.offsets.to_numpy()
-        lengths = np.diff(offsets).astype(np.int64)
-        values = piece.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-        return _numpy(values, self.dtype), lengths
-
-    def emit(self, name: str, piece: pa.Array, out: dict[str, Any]) -> None:
-        flat, lengths = self._flat(piece)
+    def emit(self, name: str, piece: Ragged, out: dict[str, Any]) -> None:
+        flat, lengths = piece.flat()
         width = int(lengths.max()) if len(lengths) else 0
         padded = np.zeros((len(lengths), width), dtype=flat.dtype)
         padded[np.arange(width) < lengths[:, None]] = flat
         out[name] = torch.from_numpy(padded)
         out[lengths_key(name)] = torch.from_numpy(lengths)
 
-    def emit_samples(self, piece: pa.Array) -> list[Any]:
-        flat, lengths = self._flat(piece)
+    def emit_samples(self, piece: Ragged) -> list[Any]:
+        flat, lengths = piece.flat()
         return list(_tensor(flat).split(lengths.tolist()))
 
 
-class ListKind(Kind):
-    """Strings, binaries and any other type: Python values, made only for rows that are delivered.
+@dataclass(frozen=True, slots=True)
+class Strings:
+    """String or binary values: row ``i`` is ``data[offsets[i]:offsets[i + 1]]``, None
+    where ``valid`` says so; ``text`` rows are decoded as UTF-8."""
 
-    Chunks stay Arrow arrays; a piece is a list of Python values (``to_pylist`` of a
-    slice, one call per batch), a block an object array filled with one ``take`` +
-    ``to_pylist`` per chunk, from which a batch is one numpy gather.
+    offsets: np.ndarray
+    data: memoryview
+    valid: np.ndarray | None
+    text: bool
+
+    def values(self, start: int, stop: int) -> list[Any]:
+        """Rows ``[start, stop)`` as Python values."""
+        bounds = self.offsets[start : stop + 1].tolist()
+        data, make = self.data, (_utf8 if self.text else bytes)
+        out = [make(data[a:b]) for a, b in itertools.pairwise(bounds)]
+        if self.valid is not None:
+            for i in np.flatnonzero(~self.valid[start:stop]).tolist():
+                out[i] = None
+        return out
+
+    def values_at(self, rows: np.ndarray) -> list[Any]:
+        """Rows ``rows`` as Python values (runs of consecutive rows are sliced, not gathered)."""
+        ranges = row_ranges(rows)
+        if ranges is not None:
+            return list(itertools.chain.from_iterable(self.values(a, b) for a, b in ranges))
+        starts, stops = self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
+        data, make = self.data, (_utf8 if self.text else bytes)
+        out = [make(data[a:b]) for a, b in zip(starts, stops)]
+        if self.valid is not None:
+            for i in np.flatnonzero(~self.valid[rows]).tolist():
+                out[i] = None
+        return out
+
+    def take(self, rows: np.ndarray) -> Strings:
+        """Rows ``rows``, copied into buffers of their own."""
+        taken = Ragged(self.offsets, np.frombuffer(self.data, dtype=np.uint8)).take(rows)
+        valid = None if self.valid is None else self.valid[rows]
+        return Strings(taken.offsets, memoryview(taken.values), valid, self.text)
+
+
+def _utf8(raw: memoryview) -> str:
+    return str(raw, "utf-8")
+
+
+class StringKind(Kind):
+    """Strings and binaries (fixed-size too): ``str`` / ``bytes`` made only for rows that
+    are delivered. A piece is a list of Python values (one slice per batch); a block an
+    object array filled once per chunk, from which a batch is one numpy gather."""
+
+    name = "strings"
+
+    def prepare(self, chunk: Column) -> Strings:
+        assert chunk.values is not None
+        if chunk.offsets is None:  # fixed-size binary: (rows, width) bytes
+            width = chunk.type.width
+            offsets = np.arange(0, (chunk.length + 1) * width, width, dtype=np.int64)
+            data = np.ascontiguousarray(chunk.values).reshape(-1)
+        else:
+            offsets, data = chunk.offsets, chunk.values
+        valid = chunk.valid if chunk.null_count else None
+        return Strings(offsets, memoryview(data).cast("B"), valid, chunk.type.id == "utf8")
+
+    def slice(self, data: Strings, start: int, stop: int) -> list[Any]:
+        return data.values(start, stop)
+
+    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
+
+    def subset(self, parts: Sequence[tuple[Strings, np.ndarray]]) -> Strings:
+        taken = [data.take(rows) for data, rows in parts]
+        if len(taken) == 1:
+            return taken[0]
+        joined = Ragged.join([Ragged(t.offsets, np.frombuffer(t.data, dtype=np.uint8)) for t in taken])
+        valids = [t.valid if t.valid is not None else np.ones(len(t.offsets) - 1, bool) for t in taken]
+        valid = None if all(t.valid is None for t in taken) else np.concatenate(valids)
+        return Strings(joined.offsets, memoryview(joined.values), valid, taken[0].text)
+
+    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
+        return _object_block(rows, spare)
+
+    def fill(self, block: np.ndarray, at: int, data: Strings, rows: np.ndarray) -> np.ndarray:
+        block[at : at + len(rows)] = np.fromiter(data.values_at(rows), dtype=object, count=len(rows))
+        return block
+
+    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
+        return block[rows].tolist()
+
+    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
+        out[name] = piece
+
+    def emit_samples(self, piece: list[Any]) -> list[Any]:
+        return piece
+
+
+class NullKind(Kind):
+    """A column of the null type: None for every row (a chunk is its row count)."""
+
+    name = "null"
+
+    def prepare(self, chunk: Column) -> int:
+        return chunk.length
+
+    def slice(self, data: int, start: int, stop: int) -> list[Any]:
+        return [None] * (stop - start)
+
+    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        return [v for p in pieces for v in p]
+
+    def subset(self, parts: Sequence[tuple[int, np.ndarray]]) -> int:
+        return sum(len(rows) for _, rows in parts)
+
+    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
+        return _object_block(rows, spare)
+
+    def fill(self, block: np.ndarray, at: int, data: int, rows: np.ndarray) -> np.ndarray:
+        block[at : at + len(rows)] = None
+        return block
+
+    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
+        return [None] * len(rows)
+
+    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
+        out[name] = piece
+
+    def emit_samples(self, piece: list[Any]) -> list[Any]:
+        return piece
+
+
+class ObjectKind(Kind):
+    """Any other type (structs, maps, lists of strings, decimals, …): Python values
+    (``to_pylist``), made only for rows that are delivered.
+
+    Only shards read with pyarrow have such columns (:mod:`loaders.ipcview` does not
+    read them), so chunks stay pyarrow arrays: a piece is a list of Python values (one
+    ``to_pylist`` of a slice per batch), a block an object array filled with one
+    ``take`` + ``to_pylist`` per chunk.
     """
 
-    name = "list"
+    name = "objects"
+    arrow = True
 
     def prepare(self, chunk: pa.Array) -> pa.Array:
         return chunk
@@ -234,15 +417,23 @@ class ListKind(Kind):
         return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
-        taken = [take_rows(data, rows) for data, rows in parts]
-        return taken[0] if len(taken) == 1 else pa.concat_arrays(taken, memory_pool=loader_memory_pool())
+        import pyarrow as pa
 
-    def new_block(self, rows: int, like: pa.Array, spare: np.ndarray | None = None) -> np.ndarray:
-        if spare is not None and len(spare) >= rows:
-            return spare
-        return np.empty(rows, dtype=object)
+        from loaders.take import take_rows
+
+        taken = [take_rows(data, rows) for data, rows in parts]
+        if len(taken) == 1:
+            return taken[0]
+        from loaders.source import loader_memory_pool
+
+        return pa.concat_arrays(taken, memory_pool=loader_memory_pool())
+
+    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
+        return _object_block(rows, spare)
 
     def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
+        from loaders.take import take_rows
+
         ranges = row_ranges(rows)
         if ranges is None:
             values: Iterable[Any] = take_rows(data, rows).to_pylist()
@@ -262,66 +453,72 @@ class ListKind(Kind):
         return piece
 
 
-def kind_of(typ: pa.DataType) -> Kind:
-    """The kind for Arrow type ``typ`` (dictionary types are decoded first, see ``decoded``)."""
+def kind_of(typ: FieldType) -> Kind:
+    """The kind for column type ``typ`` (dictionary types are decoded first, see ``decoded``)."""
     shape = _numeric_shape(typ)
     if shape is not None:
         return NumericKind(shape)
-    if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and _numeric_shape(typ.value_type) == ():
-        return RaggedKind(_np_dtype(typ.value_type))
-    return ListKind()
+    if typ.id == "list" and typ.child is not None and _numeric_shape(typ.child.type) == ():
+        assert typ.child.type.dtype is not None
+        return RaggedKind(typ.child.type.dtype)
+    if typ.id in ("utf8", "binary", "fixed_binary"):
+        return StringKind()
+    if typ.id == "null":
+        return NullKind()
+    return ObjectKind()
 
 
-def _numeric_shape(typ: pa.DataType) -> tuple[int, ...] | None:
+def row_ranges(rows: np.ndarray) -> list[tuple[int, int]] | None:
+    """``rows`` as ``[(start, stop), ...]`` ranges of consecutive rows, when they are
+    ascending runs of ``_RANGE_ROWS`` or more on average; else None."""
+    n = len(rows)
+    if n < _RANGE_ROWS:
+        return None
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if (len(breaks) + 1) * _RANGE_ROWS > n:
+        return None
+    starts = np.concatenate([[0], breaks]).tolist()
+    stops = [*breaks.tolist(), n]
+    first = rows[starts].tolist()
+    return [(a, a + (e - s)) for a, s, e in zip(first, starts, stops)]
+
+
+def _numeric_shape(typ: FieldType) -> tuple[int, ...] | None:
     """Trailing shape when ``typ`` is numbers (or fixed-size lists of them), else None."""
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
+    if typ.id in ("int", "float", "bool", "temporal"):
         return ()
-    if pa.types.is_temporal(typ):
-        return ()
-    if pa.types.is_fixed_size_list(typ):
-        inner = _numeric_shape(typ.value_type)
-        return None if inner is None else (typ.list_size, *inner)
+    if typ.id == "fixed_list" and typ.child is not None:
+        inner = _numeric_shape(typ.child.type)
+        return None if inner is None else (typ.width, *inner)
     return None
 
 
-def _np_dtype(typ: pa.DataType) -> np.dtype:
-    if pa.types.is_boolean(typ):
-        return np.dtype(np.bool_)
-    if pa.types.is_temporal(typ):
-        return np.dtype(np.int64 if typ.bit_width == 64 else np.int32)
-    return np.dtype(typ.to_pandas_dtype())
+def _numbers(column: Column) -> np.ndarray:
+    """A numeric (or nested fixed-size list) column as numpy ``(rows, *shape)``, nulls
+    filled (NaN for floats, False for booleans, else 0); a view where it has no nulls.
+    A null fixed-size list keeps the values stored under it."""
+    if column.type.id == "fixed_list":
+        assert column.child is not None
+        inner = _numbers(column.child)
+        return inner.reshape((column.length, column.type.width, *inner.shape[1:]))
+    values = column.values
+    assert values is not None
+    if column.null_count and column.valid is not None:
+        values = np.where(column.valid, values, _null_fill(values.dtype))
+    return values
 
 
-def _numpy(array: pa.Array, dtype: np.dtype) -> np.ndarray:
-    """A 1-D numpy array of a primitive Arrow array (zero-copy when it has no nulls)."""
-    if pa.types.is_temporal(array.type):
-        array = array.view(pa.int64() if dtype == np.int64 else pa.int32())
-    if array.null_count:
-        import pyarrow.compute as pc  # only for numbers with nulls: see loaders.take
-
-        array = pc.fill_null(array, pa.scalar(_null_fill(array.type), array.type))
-    if pa.types.is_boolean(array.type):
-        return array.to_numpy(zero_copy_only=False)
-    return array.to_numpy(zero_copy_only=True)
-
-
-def _null_fill(typ: pa.DataType) -> float | bool | int:
+def _null_fill(dtype: np.dtype) -> float | bool | int:
     """What a null becomes: NaN for floats, False for booleans, else 0."""
-    if pa.types.is_floating(typ):
+    if dtype.kind == "f":
         return float("nan")
-    return False if pa.types.is_boolean(typ) else 0
+    return False if dtype.kind == "b" else 0
 
 
-def _fixed_numpy(array: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
-    """Rows of a (nested) fixed-size list or primitive array as a numpy array ``(n, *shape)``."""
-    n = len(array)
-    typ = array.type
-    while pa.types.is_fixed_size_list(typ):
-        size = typ.list_size
-        array = array.values.slice(array.offset * size, len(array) * size)
-        typ = typ.value_type
-    flat = _numpy(array, _np_dtype(typ))
-    return flat.reshape((n, *shape)) if shape else flat
+def _object_block(rows: int, spare: np.ndarray | None) -> np.ndarray:
+    if spare is not None and spare.dtype == object and len(spare) >= rows:
+        return spare
+    return np.empty(rows, dtype=object)
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from cachetier.config import parse_size
 from cachetier.errors import BadInputError, UsageError
 from loaders.assemble import batch_rows
 from loaders.decoded import DecodedShard, batch_from_pieces, join_pieces, samples_from_pieces, select_columns
+from loaders.ipcview import IpcFile, UnsupportedIpc
 from loaders.lead import Lead
 from loaders.partition import MAX_LEVELS, Partition, Remaining, Runs
 from loaders.plan import EpochPlan, make_plan
@@ -152,6 +154,9 @@ class StreamingDataset(IterableDataset):
     Promises: per epoch every record is yielded at most once over all ranks, every rank
     yields the same count, and with one rank every record exactly once.
     """
+
+    #: in a DataLoader worker whose process has not yet set the loader's Arrow pool
+    _worker_pool = False
 
     def __init__(
         self,
@@ -384,6 +389,7 @@ class StreamingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         if get_worker_info() is not None:  # a DataLoader worker: whatever the source allocates
+            self._worker_pool = True
             use_loader_memory_pool()
         spec = self._next_spec()
         world = World(rank=spec.rank, world_size=spec.world_size).with_worker_info()
@@ -399,15 +405,29 @@ class StreamingDataset(IterableDataset):
     def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
         shard_id = plan.shard_ids[index]
         columns = self._selection.read
-        table = select_columns(self.source.read_shard(shard_id, columns), columns, shard_id)
-        if table.num_rows != plan.counts[index]:
+        read_view = getattr(self.source, "read_shard_view", None)
+        records = (read_view or self.source.read_shard)(shard_id, columns)
+        if self._worker_pool and "pyarrow" in sys.modules:
+            # a worker forked from a process without pyarrow loads it for its first cold
+            # shard: its later shards are then decoded into the loader's pool
+            self._worker_pool = False
+            use_loader_memory_pool()
+        drop = getattr(self.source, "drop_pages", None)
+        drop_pages = functools.partial(drop, shard_id) if drop else None
+        shard = None
+        if isinstance(records, IpcFile):
+            try:
+                shard = DecodedShard(index, shard_id, records, drop_pages, columns)
+            except UnsupportedIpc:  # a column type only pyarrow converts (structs, lists of strings, ...)
+                records = self.source.read_shard(shard_id, columns)
+        if shard is None:
+            shard = DecodedShard(index, shard_id, select_columns(records, columns, shard_id), drop_pages)
+        if shard.rows != plan.counts[index]:
             raise BadInputError(
-                f"shard has {table.num_rows} records, the version lists {plan.counts[index]}",
+                f"shard has {shard.rows} records, the version lists {plan.counts[index]}",
                 subject=shard_id,
                 hint="the source returned another shard than the version names",
             )
-        drop = getattr(self.source, "drop_pages", None)
-        shard = DecodedShard(index, shard_id, table, functools.partial(drop, shard_id) if drop else None)
         shard.drop_pages()  # reading and checking it paged in more than the batches will use
         return shard
 

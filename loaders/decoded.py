@@ -1,8 +1,10 @@
 """Decoded shards, and the rows of batches taken from them column-wise.
 
-A :class:`DecodedShard` keeps the selected columns of one shard as its Arrow chunks,
-seen without a copy where Arrow allows (:mod:`loaders.columns`): nothing is converted
-for rows a reader does not deliver. Batches get their rows in one of two ways:
+A :class:`DecodedShard` keeps the selected columns of one shard as its chunks (record
+batches), seen without a copy where the layout allows (:mod:`loaders.columns`): nothing
+is converted for rows a reader does not deliver. A shard comes either as a view of the RAM
+tier's decoded file (:class:`loaders.ipcview.IpcFile`, read without pyarrow) or as a
+pyarrow table. Batches get their rows in one of two ways:
 
 - :func:`slice_rows`: rows in order (no shuffle), sliced from the chunks;
 - :class:`GatheredRows`: the rows of a few consecutive batches of a reader, gathered
@@ -18,13 +20,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from cachetier.errors import BadInputError
 from loaders.columns import Kind, RaggedKind, kind_of, lengths_key
+from loaders.ipcview import Column, IpcFile, UnsupportedIpc, column_from_arrow, field_type_from_arrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DROP_BYTES",
@@ -71,30 +76,35 @@ class DecodedShard:
     _drop: Callable[[], None] | None = None
 
     def __init__(
-        self, index: int, shard_id: str, table: pa.Table, drop_pages: Callable[[], None] | None = None
+        self,
+        index: int,
+        shard_id: str,
+        records: pa.Table | IpcFile,
+        drop_pages: Callable[[], None] | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None:
+        """``records``: a table of the selected columns, or the shard's decoded file, of
+        which ``columns`` are taken (default: every column not starting with ``__``);
+        :class:`~loaders.ipcview.UnsupportedIpc` when a column of the file needs pyarrow."""
         self.index = index
         self._drop = drop_pages
-        self.rows = table.num_rows
+        if isinstance(records, IpcFile):
+            names, chunks, lengths, nbytes = _ipc_columns(records, columns, shard_id)
+        else:
+            names, chunks, lengths, nbytes = _table_columns(records)
+        self.rows = int(sum(lengths))
         #: mean bytes per record of the selected columns
-        self.row_bytes = table.nbytes / max(1, self.rows)
-        table = _same_chunks(table)
+        self.row_bytes = nbytes / max(1, self.rows)
+        self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         self.kinds: dict[str, Kind] = {}
         self.data: dict[str, list[Any]] = {}
-        lengths = [len(c) for c in table.column(0).chunks] if table.num_columns else [self.rows]
-        self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-        for name in table.column_names:
-            chunks = [
-                c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
-                for c in table.column(name).chunks
-            ]
-            kind = kind_of(chunks[0].type if chunks else table.schema.field(name).type)
+        for name, (kind, parts) in chunks.items():
             try:
-                self.data[name] = [kind.prepare(c) for c in chunks]
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                self.data[name] = [kind.prepare(c) for c in parts]
+            except (ValueError, TypeError) as e:
                 raise BadInputError(f"column {name!r} cannot be read: {e}", subject=shard_id) from e
             self.kinds[name] = kind
-            if isinstance(kind, RaggedKind) and lengths_key(name) in table.column_names:
+            if isinstance(kind, RaggedKind) and lengths_key(name) in names:
                 raise BadInputError(
                     f"column {lengths_key(name)!r} clashes with the lengths of "
                     f"variable-length column {name!r}",
@@ -152,6 +162,58 @@ def unknown_column(name: str, names: list[str], where: str) -> BadInputError:
     )
 
 
+_Chunks = dict[str, tuple[Kind, list[Any]]]
+
+
+def _ipc_columns(
+    records: IpcFile, columns: Sequence[str] | None, shard_id: str
+) -> tuple[list[str], _Chunks, list[int], int]:
+    """The selected columns of a decoded file: names, ``{name: (kind, chunks)}``, the
+    rows of each chunk (record batch) and the bytes of the selected columns."""
+    names = [f.name for f in records.schema]
+    if columns is None:
+        columns = [n for n in names if not n.startswith("__")]
+    else:
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise unknown_column(missing[0], names, f"shard {shard_id[:16]}")
+    lengths = [records.batch_rows(i) for i in range(records.num_batches)]
+    keep = [i for i, n in enumerate(lengths) if n]  # no empty chunk, as for tables
+    types = {f.name: f.type for f in records.schema}
+    chunks: _Chunks = {}
+    nbytes = 0
+    for name in columns:
+        kind = kind_of(types[name])
+        if kind.arrow:
+            raise UnsupportedIpc(f"column {name!r} ({types[name].arrow}) is read with pyarrow")
+        parts = [records.column(i, name) for i in keep]
+        nbytes += sum(_column_bytes(c) for c in parts)
+        chunks[name] = (kind, parts)
+    return names, chunks, [lengths[i] for i in keep], nbytes
+
+
+def _table_columns(table: pa.Table) -> tuple[list[str], _Chunks, list[int], int]:
+    """:func:`_ipc_columns` for a pyarrow table (all of its columns)."""
+    import pyarrow as pa
+
+    table = _same_chunks(table)
+    chunks: _Chunks = {}
+    for name in table.column_names:
+        parts = [
+            c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in table.column(name).chunks
+        ]
+        kind = kind_of(field_type_from_arrow(parts[0].type if parts else table.schema.field(name).type))
+        chunks[name] = (kind, parts if kind.arrow else [column_from_arrow(c) for c in parts])
+    lengths = [len(c) for c in table.column(0).chunks] if table.num_columns else [table.num_rows]
+    return table.column_names, chunks, lengths, table.nbytes
+
+
+def _column_bytes(column: Column) -> int:
+    """Bytes of a column's buffers (its values, offsets and children)."""
+    own = sum(a.nbytes for a in (column.values, column.offsets) if a is not None)
+    return own + (_column_bytes(column.child) if column.child is not None else 0)
+
+
 def _same_chunks(table: pa.Table) -> pa.Table:
     """``table`` with every column cut at the same rows and no empty chunk (slices, no copy)."""
     if table.num_columns == 0 or table.num_rows == 0:
@@ -159,6 +221,8 @@ def _same_chunks(table: pa.Table) -> pa.Table:
     first = [len(c) for c in table.column(0).chunks]
     if 0 not in first and all([len(c) for c in col.chunks] == first for col in table.columns[1:]):
         return table
+    import pyarrow as pa
+
     batches = [b for b in table.to_batches() if b.num_rows]
     return pa.Table.from_batches(batches, schema=table.schema)
 
@@ -233,7 +297,7 @@ class GatheredRows:
                 self._passed += len(local) * shard.row_bytes
                 if self._passed >= self.drop_bytes:  # the rows are copies now: unmap their pages
                     self.drop_pages()
-        except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid and ArrowTypeError among them
             raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
         base = self._filled
         if order is None:
@@ -322,7 +386,7 @@ def join_pieces(kinds: dict[str, Kind], parts: Sequence[Pieces]) -> Pieces:
         return parts[0]
     try:
         return {name: kind.concat([p[name] for p in parts]) for name, kind in kinds.items()}
-    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+    except (KeyError, ValueError, TypeError) as e:
         raise BadInputError(f"{_DISAGREE}: {e}", subject="columns") from e
 
 

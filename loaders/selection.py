@@ -17,18 +17,17 @@ internal, like the hidden ``__`` columns: left out of items unless selected by n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import pyarrow as pa
 
 from cachetier.errors import BadInputError, UsageError
 from loaders.columns import Kind
 from loaders.decoded import unknown_column
+from loaders.ipcview import Field
 from loaders.source import ChunkReader
 
-__all__ = ["CHUNKS", "DATA", "Selection", "check_columns", "select"]
+__all__ = ["CHUNKS", "DATA", "Selection", "check_columns", "is_files_layout", "select"]
 
 DATA = "data"
 CHUNKS = "chunks"
@@ -111,20 +110,18 @@ def check_columns(columns: str | Iterable[str] | None) -> tuple[str, ...] | None
     return names
 
 
-def select(columns: tuple[str, ...] | None, schema: pa.Schema | None) -> Selection:
-    """What to read for ``columns`` (from :func:`check_columns`) of a version with ``schema``
-    (None: unknown, the columns are checked when a shard is read)."""
+def select(columns: tuple[str, ...] | None, schema: Sequence[Field] | None) -> Selection:
+    """What to read for ``columns`` (from :func:`check_columns`) of a version with columns
+    ``schema`` (None: unknown, the columns are checked when a shard is read)."""
     if schema is None:
         return Selection(columns)
-    names = schema.names
+    names = [f.name for f in schema]
     if columns is not None:
         # hidden columns are often left out of a version's schema: the shard checks those
         unknown = [c for c in columns if c not in names and not c.startswith("__")]
         if unknown:
             raise unknown_column(unknown[0], names, "this version")
-    from datastore.files import is_files_schema  # imported here: loaders need no datastore to import
-
-    if not is_files_schema(schema):
+    if not is_files_layout(schema):
         return Selection(columns)
     if columns is None:  # every visible column is read, chunks among them
         return Selection(None, internal=(CHUNKS,), reassemble=True)
@@ -132,3 +129,21 @@ def select(columns: tuple[str, ...] | None, schema: pa.Schema | None) -> Selecti
         return Selection(columns)
     extra = tuple(c for c in (CHUNKS, _SIZE) if c in names and c not in columns)
     return Selection(columns + extra, internal=extra, reassemble=True)
+
+
+def is_files_layout(schema: Sequence[Field]) -> bool:
+    """True when ``schema`` (hidden ``__`` columns aside) is the layout of a ``files``
+    dataset, ``datastore.files.FILES_SCHEMA``: path string, size int64, data large
+    binary, chunks list of strings (a test holds the two to the same layout)."""
+    visible = [f for f in schema if not f.name.startswith("__")]
+    if [f.name for f in visible] != ["path", _SIZE, DATA, CHUNKS]:
+        return False
+    path, size, data, chunks = (f.type for f in visible)
+    return (
+        (path.id, str(path.offsets_dtype)) == ("utf8", "int32")
+        and (size.id, str(size.dtype)) == ("int", "int64")
+        and (data.id, str(data.offsets_dtype)) == ("binary", "int64")
+        and (chunks.id, str(chunks.offsets_dtype)) == ("list", "int32")
+        and chunks.child is not None
+        and (chunks.child.type.id, str(chunks.child.type.offsets_dtype)) == ("utf8", "int32")
+    )

@@ -20,9 +20,12 @@ follows the rows it is reading, not the size of the shards it holds.
 
 Also optional (:func:`source_schema`, :func:`chunk_reader`):
 
-- ``schema``: the version's ``pa.Schema`` (hidden ``__`` columns may be left out); with
-  it the dataset checks the columns it is asked for when it is made, not when the
-  first shard is read.
+- ``schema``: the version's columns, as ``loaders.ipcview.Field`` values or a ``pa.Schema``
+  (hidden ``__`` columns may be left out); with it the dataset checks the columns it is
+  asked for when it is made, not when the first shard is read.
+- ``read_shard_view(shard_id, columns)``: like ``read_shard``, but it may return a
+  :class:`loaders.ipcview.IpcFile` (an uncompressed Arrow IPC file in memory, such as
+  the RAM tier's decoded shard) instead of a table, read then without pyarrow.
 - ``read_chunks(chunk_ids, size, subject)``: the bytes of a big value of a ``files``
   dataset, stored as content-defined chunks (see :mod:`loaders.selection`), each
   verified against its id.
@@ -35,12 +38,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cachetier.errors import UsageError
+from loaders.ipcview import Field, field_type_from_arrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "ChunkReader",
@@ -81,6 +87,8 @@ def loader_memory_pool() -> pa.MemoryPool:
     mimalloc then keeps tens of MB per process committed beyond what is live (measured:
     about 100 MB with shuffle at peak), jemalloc's shared arenas reuse that memory.
     """
+    import pyarrow as pa
+
     if "jemalloc" in pa.supported_memory_backends():
         try:
             return pa.jemalloc_memory_pool()
@@ -96,6 +104,10 @@ def use_loader_memory_pool() -> None:
     that allocate with the default pool (a repository's shard reader) use it too; the
     training process's default pool is left alone.
     """
+    if "pyarrow" not in sys.modules:  # nothing of this process allocates with Arrow (yet)
+        return
+    import pyarrow as pa
+
     pool = loader_memory_pool()
     if pa.default_memory_pool().backend_name != pool.backend_name:
         pa.set_memory_pool(pool)
@@ -128,11 +140,17 @@ def open_source(repo_or_url: Any, ref: str, cache: Any) -> ShardSource:
     return source
 
 
-def source_schema(source: ShardSource) -> pa.Schema | None:
-    """The schema of ``source``'s version (its optional ``schema``), or None when the source
-    cannot tell without reading a shard."""
+def source_schema(source: ShardSource) -> list[Field] | None:
+    """The columns of ``source``'s version (its optional ``schema``: a list of
+    :class:`loaders.ipcview.Field` or a ``pa.Schema``), or None when the source cannot
+    tell without reading a shard."""
     schema = getattr(source, "schema", None)
-    return schema if isinstance(schema, pa.Schema) else None
+    if isinstance(schema, list) and all(isinstance(f, Field) for f in schema):
+        return schema
+    pa = sys.modules.get("pyarrow")  # a pa.Schema comes from a source that loaded pyarrow
+    if pa is not None and isinstance(schema, pa.Schema):
+        return [Field(f.name, f.nullable, field_type_from_arrow(f.type)) for f in schema]
+    return None
 
 
 def chunk_reader(source: ShardSource) -> ChunkReader | None:

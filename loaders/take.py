@@ -17,10 +17,7 @@ import pyarrow as pa
 
 from loaders.source import loader_memory_pool
 
-__all__ = ["row_ranges", "take_rows"]
-
-#: Ranges are worth slicing when they hold at least this many rows on average.
-_RANGE_ROWS = 8
+__all__ = ["take_rows"]
 
 
 def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
@@ -40,21 +37,6 @@ def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
 
     indices = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
     return pc.take(array, indices, memory_pool=loader_memory_pool())
-
-
-def row_ranges(rows: np.ndarray) -> list[tuple[int, int]] | None:
-    """``rows`` as ``[(start, stop), ...]`` ranges of consecutive rows, when they are
-    ascending runs of ``_RANGE_ROWS`` or more on average; else None."""
-    n = len(rows)
-    if n < _RANGE_ROWS:
-        return None
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    if (len(breaks) + 1) * _RANGE_ROWS > n:
-        return None
-    starts = np.concatenate([[0], breaks]).tolist()
-    stops = [*breaks.tolist(), n]
-    first = rows[starts].tolist()
-    return [(a, a + (e - s)) for a, s, e in zip(first, starts, stops)]
 
 
 def _is_binary_like(typ: pa.DataType) -> bool:

@@ -13,20 +13,27 @@ Layout in the store::
     refs/tags/<tag>         a version id, never moved
 """
 
-from versioning.canonical import canonical_json, normalize, parse_json
-from versioning.commit import CommitMode, commit
-from versioning.history import VersionDiff, diff, load_version, log, save_version, version_key
-from versioning.reachability import Reachable, UnreachableItem, reachable, reachable_objects, unreachable
-from versioning.records import (
-    FORMAT_VERSION,
-    VersionRecord,
-    format_timestamp,
-    make_operation,
-    parse_timestamp,
-    utc_now,
-)
-from versioning.refs import RefStore, validate_ref_name
-from versioning.shardtable import ShardEntry, ShardTable, load_shard_table, save_shard_table
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from versioning.canonical import canonical_json, normalize, parse_json
+    from versioning.committing import CommitMode, commit
+    from versioning.history import VersionDiff, diff, load_version, log, save_version, version_key
+    from versioning.reachability import Reachable, UnreachableItem, reachable, reachable_objects, unreachable
+    from versioning.records import (
+        FORMAT_VERSION,
+        VersionRecord,
+        format_timestamp,
+        make_operation,
+        parse_timestamp,
+        utc_now,
+    )
+    from versioning.refs import RefStore, validate_ref_name
+    from versioning.shardtable import ShardEntry, ShardTable, load_shard_table, save_shard_table
+
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,3 +65,49 @@ __all__ = [
     "validate_ref_name",
     "version_key",
 ]
+
+#: Where each name lives: imported on first use (PEP 562), so reading refs and version
+#: records never loads pyarrow (shard tables, commit and gc need it; a training process
+#: streaming a warm version does not).
+_HOME = {
+    "CommitMode": "versioning.committing",
+    "FORMAT_VERSION": "versioning.records",
+    "Reachable": "versioning.reachability",
+    "RefStore": "versioning.refs",
+    "ShardEntry": "versioning.shardtable",
+    "ShardTable": "versioning.shardtable",
+    "UnreachableItem": "versioning.reachability",
+    "VersionDiff": "versioning.history",
+    "VersionRecord": "versioning.records",
+    "canonical_json": "versioning.canonical",
+    "commit": "versioning.committing",
+    "diff": "versioning.history",
+    "format_timestamp": "versioning.records",
+    "load_shard_table": "versioning.shardtable",
+    "load_version": "versioning.history",
+    "log": "versioning.history",
+    "make_operation": "versioning.records",
+    "normalize": "versioning.canonical",
+    "parse_json": "versioning.canonical",
+    "parse_timestamp": "versioning.records",
+    "reachable": "versioning.reachability",
+    "reachable_objects": "versioning.reachability",
+    "save_shard_table": "versioning.shardtable",
+    "save_version": "versioning.history",
+    "unreachable": "versioning.reachability",
+    "utc_now": "versioning.records",
+    "validate_ref_name": "versioning.refs",
+    "version_key": "versioning.history",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _HOME[name]
+    except KeyError:
+        raise AttributeError(f"module 'versioning' has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

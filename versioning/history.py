@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetier.errors import BadInputError, IntegrityError, NotFoundError
 from cachetier.hashing import DEFAULT_HASH, content_hash, is_object_id
 from cachetier.objects import ObjectStore
 from cachetier.store import Store
 from versioning.records import VersionRecord
-from versioning.shardtable import ShardTable, load_shard_table
+
+if TYPE_CHECKING:
+    from versioning.shardtable import ShardTable
 
 __all__ = [
     "VERSIONS_PREFIX",
@@ -124,6 +126,8 @@ def diff(
     record_hashes: RecordHashes | None = None,
 ) -> VersionDiff:
     """Compare versions ``a_id`` → ``b_id``; read records only of shards that differ."""
+    from versioning.shardtable import load_shard_table  # pyarrow: only a diff reads shard tables
+
     store, algorithm = objects.store, objects.algorithm
     record_a = load_version(store, a_id, algorithm=algorithm)
     record_b = load_version(store, b_id, algorithm=algorithm)

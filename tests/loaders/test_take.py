@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore import Repo
-from loaders.take import row_ranges, take_rows
+from loaders.columns import row_ranges
+from loaders.take import take_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
