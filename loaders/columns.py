@@ -35,19 +35,25 @@ lists, ``str``/``bytes``/objects for the rest.
 
 Tensors always own their memory: a slice of a shard is copied once, never handed out
 as a view (a view would pin the whole shard, make a DataLoader worker share the whole
-shard's storage, and could point into read-only, memory-mapped cache pages).
+shard's storage, and could point into read-only, memory-mapped cache pages). In a
+DataLoader worker they are made in shared memory, as torch's ``default_collate`` makes
+its batches there: passing them to the training process then copies nothing more, and
+the worker's heap does not churn (a tensor made in private memory is copied to shared
+memory when it is sent, and freed; measured, that left about 9 MB of free heap per worker).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from loaders.ipcview import Column, FieldType
 
@@ -256,10 +262,12 @@ class RaggedKind(Kind):
     def emit(self, name: str, piece: Ragged, out: dict[str, Any]) -> None:
         flat, lengths = piece.flat()
         width = int(lengths.max()) if len(lengths) else 0
-        padded = np.zeros((len(lengths), width), dtype=flat.dtype)
-        padded[np.arange(width) < lengths[:, None]] = flat
-        out[name] = torch.from_numpy(padded)
-        out[lengths_key(name)] = torch.from_numpy(lengths)
+        padded = _empty((len(lengths), width), flat.dtype)
+        values = padded.numpy()
+        values.fill(0)
+        values[np.arange(width) < lengths[:, None]] = flat
+        out[name] = padded
+        out[lengths_key(name)] = _tensor(lengths)
 
     def emit_samples(self, piece: Ragged) -> list[Any]:
         flat, lengths = piece.flat()
@@ -522,12 +530,23 @@ def _object_block(rows: int, spare: np.ndarray | None) -> np.ndarray:
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:
-    """A tensor that owns its memory: a view (of a shard, of an Arrow buffer) is copied once."""
-    if piece.base is None and piece.flags.writeable and piece.flags.c_contiguous:
+    """A tensor that owns its memory: a view (of a shard, of an Arrow buffer) is copied once;
+    in a DataLoader worker, every piece is copied once, into shared memory (see :func:`_empty`)."""
+    owned = piece.base is None and piece.flags.writeable and piece.flags.c_contiguous
+    if owned and get_worker_info() is None:
         return torch.from_numpy(piece)
-    out = torch.empty(piece.shape, dtype=_torch_dtype(piece.dtype))
+    out = _empty(piece.shape, piece.dtype)
     np.copyto(out.numpy(), piece, casting="no")
     return out
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+    """An uninitialised tensor; in a DataLoader worker, in shared memory (module docstring)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=_torch_dtype(dtype))
+    # what default_collate does in a worker; _new_shared is torch's own (private) constructor
+    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape) * dtype.itemsize))
+    return torch.empty(0, dtype=_torch_dtype(dtype)).set_(storage, 0, shape)
 
 
 @functools.lru_cache(maxsize=32)

@@ -250,3 +250,20 @@ def test_gathering_lets_go_of_the_pages_it_has_copied_as_it_goes():
     assert len(drops) <= len(rows) * record // DROP_BYTES + 1
     kinds, piece = gathered.take(0, len(rows))
     assert [int(t[:8]) for t in batch_from_pieces(kinds, [piece])["text"]] == rows.tolist()
+
+
+def _where_tensors_live(batch):
+    """A transform, run in the worker: whether each tensor of the batch is in shared memory."""
+    return {k: v.is_shared() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_workers_make_batch_tensors_in_shared_memory_the_training_process_in_its_own(typed_source):
+    columns = ["i8", "f", "img", "ragged"]
+    ds = StreamingDataset(typed_source, columns=columns, batch_size=2, transform=_where_tensors_live)
+    in_workers = list(StreamingDataLoader(ds, num_workers=2))
+    in_process = list(StreamingDataLoader(ds, num_workers=0))
+    assert len(in_workers) == len(in_process) == 2
+    expected_keys = {*columns, "ragged_lengths"}
+    assert all(set(b) == expected_keys and all(b.values()) for b in in_workers)
+    assert all(set(b) == expected_keys and not any(b.values()) for b in in_process)
