@@ -27,8 +27,10 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
+import blake3
+
 from cachetier.errors import IntegrityError
-from cachetier.hashing import HASH_HEX_LENGTH, BytesLike, blake3_digest, is_object_id
+from cachetier.hashing import HASH_HEX_LENGTH, BytesLike, is_object_id
 
 __all__ = [
     "DELTAS_PREFIX",
@@ -93,7 +95,7 @@ def encode_delta(oid: str, base: str, depth: int, codec: str, payload: BytesLike
     if not ids_ok or not 1 <= depth <= MAX_DEPTH or len(codec.encode()) > 16:
         raise ValueError(f"bad delta: base {base!r}, depth {depth}, codec {codec!r}")
     body = bytes(payload)
-    digest = blake3_digest(body)
+    digest = blake3.blake3(body).digest()
     return _HEADER.pack(_MAGIC, oid.encode(), base.encode(), depth, codec.encode(), len(body), digest) + body
 
 
@@ -120,6 +122,6 @@ def decode_delta(data: BytesLike, oid: str) -> Delta:
     payload = bytes(memoryview(data)[HEADER_SIZE:])
     if len(payload) != length:
         raise IntegrityError(f"delta is cut short ({len(payload)} of {length} bytes)", subject=subject)
-    if blake3_digest(payload) != digest:
+    if blake3.blake3(payload).digest() != digest:
         raise IntegrityError("delta is corrupt (checksum mismatch)", subject=subject)
     return Delta(base, depth, codec, payload)

@@ -10,17 +10,11 @@ from __future__ import annotations
 import hashlib
 import os
 
+import blake3
+
 BytesLike = bytes | bytearray | memoryview
 
-__all__ = [
-    "DEFAULT_HASH",
-    "HASH_HEX_LENGTH",
-    "BytesLike",
-    "blake3_digest",
-    "content_hash",
-    "hasher",
-    "is_object_id",
-]
+__all__ = ["DEFAULT_HASH", "HASH_HEX_LENGTH", "BytesLike", "content_hash", "hasher", "is_object_id"]
 
 DEFAULT_HASH = "blake3"
 HASH_HEX_LENGTH = 64
@@ -35,8 +29,6 @@ def content_hash(data: BytesLike, algorithm: str = DEFAULT_HASH) -> str:
     Safe in a forked child (DataLoader workers, the two-lane ingest): see :func:`_may_use_threads`.
     """
     if algorithm == "blake3":
-        import blake3  # here: a process reading only warm, decoded data never hashes (0.6 MB)
-
         view = memoryview(data)
         threads = blake3.blake3.AUTO if view.nbytes >= _MULTITHREAD_FROM and _may_use_threads() else 1
         return blake3.blake3(view, max_threads=threads).hexdigest()
@@ -67,19 +59,10 @@ def _may_use_threads() -> bool:
 def hasher(algorithm: str = DEFAULT_HASH):
     """Return an incremental hasher object with ``update()`` and ``hexdigest()``."""
     if algorithm == "blake3":
-        import blake3
-
         return blake3.blake3()
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown hash algorithm {algorithm!r} (expected 'blake3' or 'sha256')")
-
-
-def blake3_digest(data: BytesLike) -> bytes:
-    """The 32-byte BLAKE3 digest of ``data`` (one thread), for checksums inside stored formats."""
-    import blake3
-
-    return blake3.blake3(data).digest()
 
 
 def is_object_id(text: str) -> bool:

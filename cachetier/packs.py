@@ -40,10 +40,11 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple
 
+import blake3
 import numpy as np
 
 from cachetier.errors import IntegrityError, NotFoundError, UsageError
-from cachetier.hashing import blake3_digest, content_hash, is_object_id
+from cachetier.hashing import content_hash, is_object_id
 from cachetier.store import ObjectInfo, Store
 
 __all__ = [
@@ -112,7 +113,7 @@ def encode_index(entries: Iterable[PackEntry], pack_size: int) -> bytes:
         table["offset"] = [r.offset for r in rows]
         table["length"] = [r.length for r in rows]
     body = table.tobytes()
-    return _HEADER.pack(_MAGIC, len(rows), pack_size, blake3_digest(body)) + body
+    return _HEADER.pack(_MAGIC, len(rows), pack_size, blake3.blake3(body).digest()) + body
 
 
 def decode_index(data: bytes, subject: str = "pack index") -> np.ndarray:
@@ -126,7 +127,7 @@ def decode_index(data: bytes, subject: str = "pack index") -> np.ndarray:
     body = memoryview(data)[_HEADER.size :]
     if magic != _MAGIC or len(body) != count * _ENTRY.itemsize:
         raise IntegrityError("not a pack index, or truncated", subject=subject)
-    if blake3_digest(body) != digest:
+    if blake3.blake3(body).digest() != digest:
         raise IntegrityError("pack index is corrupt (checksum mismatch)", subject=subject)
     table = np.frombuffer(body, _ENTRY, count)
     if count and int((table["offset"] + table["length"]).max()) > pack_size:

@@ -187,7 +187,7 @@ class Tierdata(Candidate):
     """Ours: StreamingDataset in batch mode through StreamingDataLoader."""
 
     name = "tierdata"
-    imports = ("loaders",)
+    imports = ("loaders.dataset", "loaders.dataloader", "loaders.filesource")  # the packages import lazily
 
     def make(self, cfg: RunConfig) -> Any:
         from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
@@ -213,7 +213,8 @@ class TierdataRepo(Candidate):
 
     name = "tierdata-repo"
     requires = ("datastore",)
-    imports = ("loaders", "datastore", "cachetier.config")
+    # the modules themselves: the packages import their names on first use
+    imports = ("loaders.dataset", "loaders.dataloader", "datastore.source", "cachetier.config")
 
     def _root(self, cfg: RunConfig) -> Path:
         return Path(cfg.work) / f"repo-{len(cfg.paths)}-{_fingerprint(cfg)}"

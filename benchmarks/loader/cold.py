@@ -176,6 +176,13 @@ class ColdTierdata(ColdCandidate):
     name = "tierdata-repo"
     requires = ("tierdata-repo",)
 
+    def preload(self) -> None:
+        """Also pyarrow, which a cold read loads to decode its shard table and shards (a
+        warm one does not; before, importing the loader loaded it)."""
+        super().preload()
+        import pyarrow.ipc
+        import pyarrow.parquet  # noqa: F401
+
     def upload(self, cfg: ColdConfig) -> None:
         from datastore import Repo
 
