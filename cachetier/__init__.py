@@ -7,8 +7,9 @@ Names are imported on first use (PEP 562), so importing one module stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cachetier.exports import lazy_exports
 
 if TYPE_CHECKING:
     from cachetier.config import CacheConfig, load_cache_config, parse_size
@@ -83,13 +84,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _HOME[name]
-    except KeyError:
-        raise AttributeError(f"module 'cachetier' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return list(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

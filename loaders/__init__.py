@@ -9,8 +9,9 @@ counts what reached training so ``state_dict()`` resumes exactly, under any worl
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cachetier.exports import lazy_exports
 
 if TYPE_CHECKING:
     from loaders.dataloader import StreamingDataLoader
@@ -58,13 +59,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _HOME[name]
-    except KeyError:
-        raise AttributeError(f"module 'loaders' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

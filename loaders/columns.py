@@ -318,7 +318,28 @@ def _utf8(raw: memoryview) -> str:
     return str(raw, "utf-8")
 
 
-class StringKind(Kind):
+class _ValuesKind(Kind):
+    """A kind whose pieces are lists of Python values and whose blocks are object arrays."""
+
+    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
+
+    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
+        if spare is not None and spare.dtype == object and len(spare) >= rows:
+            return spare
+        return np.empty(rows, dtype=object)
+
+    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
+        return block[rows].tolist()
+
+    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
+        out[name] = piece
+
+    def emit_samples(self, piece: list[Any]) -> list[Any]:
+        return piece
+
+
+class StringKind(_ValuesKind):
     """Strings and binaries (fixed-size too): ``str`` / ``bytes`` made only for rows that
     are delivered. A piece is a list of Python values (one slice per batch); a block an
     object array filled once per chunk, from which a batch is one numpy gather."""
@@ -339,9 +360,6 @@ class StringKind(Kind):
     def slice(self, data: Strings, start: int, stop: int) -> list[Any]:
         return data.values(start, stop)
 
-    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
-        return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
-
     def subset(self, parts: Sequence[tuple[Strings, np.ndarray]]) -> Strings:
         taken = [data.take(rows) for data, rows in parts]
         if len(taken) == 1:
@@ -351,24 +369,12 @@ class StringKind(Kind):
         valid = None if all(t.valid is None for t in taken) else np.concatenate(valids)
         return Strings(joined.offsets, memoryview(joined.values), valid, taken[0].text)
 
-    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
-        return _object_block(rows, spare)
-
     def fill(self, block: np.ndarray, at: int, data: Strings, rows: np.ndarray) -> np.ndarray:
         block[at : at + len(rows)] = np.fromiter(data.values_at(rows), dtype=object, count=len(rows))
         return block
 
-    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
-        return block[rows].tolist()
 
-    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
-        out[name] = piece
-
-    def emit_samples(self, piece: list[Any]) -> list[Any]:
-        return piece
-
-
-class NullKind(Kind):
+class NullKind(_ValuesKind):
     """A column of the null type: None for every row (a chunk is its row count)."""
 
     name = "null"
@@ -379,14 +385,8 @@ class NullKind(Kind):
     def slice(self, data: int, start: int, stop: int) -> list[Any]:
         return [None] * (stop - start)
 
-    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
-        return [v for p in pieces for v in p]
-
     def subset(self, parts: Sequence[tuple[int, np.ndarray]]) -> int:
         return sum(len(rows) for _, rows in parts)
-
-    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
-        return _object_block(rows, spare)
 
     def fill(self, block: np.ndarray, at: int, data: int, rows: np.ndarray) -> np.ndarray:
         block[at : at + len(rows)] = None
@@ -395,14 +395,8 @@ class NullKind(Kind):
     def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
         return [None] * len(rows)
 
-    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
-        out[name] = piece
 
-    def emit_samples(self, piece: list[Any]) -> list[Any]:
-        return piece
-
-
-class ObjectKind(Kind):
+class ObjectKind(_ValuesKind):
     """Any other type (structs, maps, lists of strings, decimals, …): Python values
     (``to_pylist``), made only for rows that are delivered.
 
@@ -421,9 +415,6 @@ class ObjectKind(Kind):
     def slice(self, data: pa.Array, start: int, stop: int) -> list[Any]:
         return data.slice(start, stop - start).to_pylist()
 
-    def concat(self, pieces: Sequence[list[Any]]) -> list[Any]:
-        return pieces[0] if len(pieces) == 1 else [v for p in pieces for v in p]
-
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
         import pyarrow as pa
 
@@ -436,9 +427,6 @@ class ObjectKind(Kind):
 
         return pa.concat_arrays(taken, memory_pool=loader_memory_pool())
 
-    def new_block(self, rows: int, like: Any, spare: np.ndarray | None = None) -> np.ndarray:
-        return _object_block(rows, spare)
-
     def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
         from loaders.take import take_rows
 
@@ -450,15 +438,6 @@ class ObjectKind(Kind):
         # fromiter keeps list values as objects (assigning a list of lists would broadcast)
         block[at : at + len(rows)] = np.fromiter(values, dtype=object, count=len(rows))
         return block
-
-    def select(self, block: np.ndarray, rows: np.ndarray) -> list[Any]:
-        return block[rows].tolist()
-
-    def emit(self, name: str, piece: list[Any], out: dict[str, Any]) -> None:
-        out[name] = piece
-
-    def emit_samples(self, piece: list[Any]) -> list[Any]:
-        return piece
 
 
 def kind_of(typ: FieldType) -> Kind:
@@ -521,12 +500,6 @@ def _null_fill(dtype: np.dtype) -> float | bool | int:
     if dtype.kind == "f":
         return float("nan")
     return False if dtype.kind == "b" else 0
-
-
-def _object_block(rows: int, spare: np.ndarray | None) -> np.ndarray:
-    if spare is not None and spare.dtype == object and len(spare) >= rows:
-        return spare
-    return np.empty(rows, dtype=object)
 
 
 def _tensor(piece: np.ndarray) -> torch.Tensor:

@@ -54,14 +54,19 @@ DROP_BYTES = 1 << 20
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
     """``table`` reduced to ``columns`` (default: every column not starting with ``__``)."""
     names = table.column_names
-    if columns is None:
-        keep = [n for n in names if not n.startswith("__")]
-    else:
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise unknown_column(missing[0], names, f"shard {shard_id[:16]}")
-        keep = list(columns)
+    keep = _selected(names, columns, shard_id)
     return table if keep == names else table.select(keep)
+
+
+def _selected(names: list[str], columns: Sequence[str] | None, shard_id: str) -> list[str]:
+    """``columns`` of a shard with columns ``names`` (default: those not starting with
+    ``__``); BadInputError naming the first one it lacks."""
+    if columns is None:
+        return [n for n in names if not n.startswith("__")]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise unknown_column(missing[0], names, f"shard {shard_id[:16]}")
+    return list(columns)
 
 
 class DecodedShard:
@@ -171,12 +176,7 @@ def _ipc_columns(
     """The selected columns of a decoded file: names, ``{name: (kind, chunks)}``, the
     rows of each chunk (record batch) and the bytes of the selected columns."""
     names = [f.name for f in records.schema]
-    if columns is None:
-        columns = [n for n in names if not n.startswith("__")]
-    else:
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise unknown_column(missing[0], names, f"shard {shard_id[:16]}")
+    columns = _selected(names, columns, shard_id)
     lengths = [records.batch_rows(i) for i in range(records.num_batches)]
     keep = [i for i, n in enumerate(lengths) if n]  # no empty chunk, as for tables
     types = {f.name: f.type for f in records.schema}

@@ -15,8 +15,9 @@ Layout in the store::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cachetier.exports import lazy_exports
 
 if TYPE_CHECKING:
     from versioning.canonical import canonical_json, normalize, parse_json
@@ -101,13 +102,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _HOME[name]
-    except KeyError:
-        raise AttributeError(f"module 'versioning' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)
