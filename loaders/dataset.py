@@ -34,8 +34,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cachetier.config import parse_size
 from cachetier.errors import BadInputError, UsageError
 from loaders.assemble import batch_rows
+from loaders.columns import kind_of
 from loaders.decoded import DecodedShard, batch_from_pieces, join_pieces, samples_from_pieces, select_columns
-from loaders.ipcview import IpcFile, UnsupportedIpc
+from loaders.ipcview import Field, IpcFile, UnsupportedIpc
 from loaders.lead import Lead
 from loaders.partition import MAX_LEVELS, Partition, Remaining, Runs
 from loaders.plan import EpochPlan, make_plan
@@ -188,8 +189,11 @@ class StreamingDataset(IterableDataset):
         self._shards = tuple((str(sid), int(n)) for sid, n in self.source.shards)
         self.records = sum(n for _, n in self._shards)
         self.columns = columns
+        schema = source_schema(self.source)
         #: what is read for ``columns`` (a files dataset's chunks too: see loaders.selection)
-        self._selection = select(columns, source_schema(self.source))
+        self._selection = select(columns, schema)
+        #: whether a decoded file can hold the columns read (else shards are read as tables)
+        self._views = _views_hold(schema, self._selection.read)
         self.shuffle = bool(shuffle)
         self.seed = seed
         self.batch_size = batch_size
@@ -405,7 +409,7 @@ class StreamingDataset(IterableDataset):
     def _decode(self, plan: EpochPlan, index: int) -> DecodedShard:
         shard_id = plan.shard_ids[index]
         columns = self._selection.read
-        read_view = getattr(self.source, "read_shard_view", None)
+        read_view = getattr(self.source, "read_shard_view", None) if self._views else None
         records = (read_view or self.source.read_shard)(shard_id, columns)
         if self._worker_pool and "pyarrow" in sys.modules:
             # a worker forked from a process without pyarrow loads it for its first cold
@@ -521,6 +525,16 @@ class _Spans(Sequence[Runs]):
         if isinstance(i, slice):
             return _Spans(self._part, self._chunks[i])
         return self._part.chunk(self._chunks[i])
+
+
+def _views_hold(schema: Sequence[Field] | None, columns: Sequence[str] | None) -> bool:
+    """Whether :mod:`loaders.ipcview` columns can hold ``columns`` of a version with
+    ``schema`` (None: every visible column; an unknown schema or column: try, the read
+    falls back to a table then): no column of a type only pyarrow converts."""
+    if schema is None:
+        return True
+    wanted = set(columns) if columns is not None else {f.name for f in schema if not f.name.startswith("__")}
+    return not any(kind_of(f.type).arrow for f in schema if f.name in wanted)
 
 
 def _worker_skip(spec: _Spec, world: World) -> int:

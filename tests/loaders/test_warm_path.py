@@ -293,3 +293,24 @@ def test_the_shard_index_holds_what_the_loader_reads_of_a_shard_table(repo_path)
     for broken in (index[:10], index[:-8], b"NOTANIDX" + bytes(index[8:])):
         with pytest.raises(IntegrityError):
             _read_shard_index(memoryview(bytes(broken)), "t")
+
+
+def test_columns_only_pyarrow_converts_are_read_as_tables_without_trying_the_view(tmp_path):
+    table = pa.table({"id": list(range(50)), "meta": [{"a": i} for i in range(50)], "tags": [["x"]] * 50})
+    pq.write_table(table, tmp_path / "data.parquet")
+    repo = Repo.init(tmp_path / "repo", workspace=None)
+    repo.ingest(tmp_path / "data.parquet", format="parquet")
+    repo.commit("data")
+    for columns, views in ((["id", "meta"], False), (["id", "tags"], False), (["id"], True)):
+        ds = StreamingDataset(str(tmp_path / "repo"), cache=_cache(tmp_path), columns=columns, batch_size=16)
+        tried = []
+        real = ds.source.read_shard_view
+        ds.source.read_shard_view = lambda *a, real=real, tried=tried: tried.append(a) or real(*a)
+        rows = [row for batch in ds for row in zip(*(batch[c] for c in columns))]
+        assert [r[0].item() for r in rows] == list(range(50))
+        assert bool(tried) is views, columns
+    meta = StreamingDataset(
+        str(tmp_path / "repo"), cache=_cache(tmp_path), columns=["meta", "tags"], batch_size=50
+    )
+    batch = next(iter(meta))
+    assert batch["meta"][:2] == [{"a": 0}, {"a": 1}] and batch["tags"][0] == ["x"]
