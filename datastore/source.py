@@ -89,7 +89,7 @@ def decode_shard_index(raw: memoryview | bytes) -> bytes:
     """
     from versioning import ShardTable
 
-    table = ShardTable.decode(bytes(raw))
+    table = ShardTable.decode(raw)
     counts = np.stack([table.records, table.uncompressed_bytes]).astype("<i8")
     head = _INDEX_HEAD.pack(_INDEX_MAGIC, len(table))
     return head + np.ascontiguousarray(table.raw_hashes()).tobytes() + counts.tobytes()

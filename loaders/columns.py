@@ -230,9 +230,6 @@ class RaggedKind(Kind):
 
     name = "ragged"
 
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = dtype
-
     def prepare(self, chunk: Column) -> Ragged:
         assert chunk.offsets is not None and chunk.child is not None
         return Ragged(chunk.offsets, _numbers(chunk.child))
@@ -446,8 +443,7 @@ def kind_of(typ: FieldType) -> Kind:
     if shape is not None:
         return NumericKind(shape)
     if typ.id == "list" and typ.child is not None and _numeric_shape(typ.child.type) == ():
-        assert typ.child.type.dtype is not None
-        return RaggedKind(typ.child.type.dtype)
+        return RaggedKind()
     if typ.id in ("utf8", "binary", "fixed_binary"):
         return StringKind()
     if typ.id == "null":

@@ -1,11 +1,11 @@
 """Rows of an Arrow array by index, without Arrow's compute kernels where the type allows.
 
-Importing ``pyarrow.compute`` builds Arrow's kernel registry and a Python wrapper per
-function: about 9 MB of memory in every process that does it, DataLoader workers
-included. A loader needs only ``take``, and only for a few layouts, so strings,
-binaries and variable-length lists of fixed-width values are gathered here from their
-offsets (one ``bytes.join`` of the rows' slices: about 1.7x the time of Arrow's take
-here, which is still a small part of a shuffled batch); any other type falls back to
+Used for the columns only pyarrow converts (:class:`loaders.columns.ObjectKind`; strings,
+binaries and lists of numbers are gathered with numpy there). Importing
+``pyarrow.compute`` builds Arrow's kernel registry and a Python wrapper per function:
+about 9 MB of memory in every process that does it, DataLoader workers included. So
+variable-length lists of fixed-width values (decimals, say) are gathered here from their
+offsets (one ``bytes.join`` of the rows' slices); any other type falls back to
 ``pyarrow.compute.take``. The copies are Python-allocated buffers, made and freed on the
 consuming thread.
 """
@@ -25,8 +25,6 @@ def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
     own (it never points into ``array``'s buffers)."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     typ = array.type
-    if _is_binary_like(typ):
-        return _take_variable(array, rows, array.buffers()[2], 1)
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):
         values = array.values
         width = _fixed_width(values.type)
@@ -37,15 +35,6 @@ def take_rows(array: pa.Array, rows: np.ndarray) -> pa.Array:
 
     indices = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
     return pc.take(array, indices, memory_pool=loader_memory_pool())
-
-
-def _is_binary_like(typ: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(typ)
-        or pa.types.is_binary(typ)
-        or pa.types.is_large_string(typ)
-        or pa.types.is_large_binary(typ)
-    )
 
 
 def _fixed_width(typ: pa.DataType) -> int:
@@ -62,9 +51,7 @@ def _fixed_width(typ: pa.DataType) -> int:
 
 def _offsets(array: pa.Array) -> np.ndarray:
     """The ``len(array) + 1`` offsets of a variable-length array, as numpy (no copy)."""
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    large = large or pa.types.is_large_list(array.type)
-    dtype = np.dtype(np.int64 if large else np.int32)
+    dtype = np.dtype(np.int64 if pa.types.is_large_list(array.type) else np.int32)
     return np.frombuffer(
         array.buffers()[1], dtype, count=len(array) + 1, offset=array.offset * dtype.itemsize
     )
@@ -73,7 +60,7 @@ def _offsets(array: pa.Array) -> np.ndarray:
 def _take_variable(
     array: pa.Array, rows: np.ndarray, data: pa.Buffer | None, width: int, values_offset: int = 0
 ) -> pa.Array:
-    """Gather rows of a variable-length array whose values are ``width`` bytes each in ``data``."""
+    """Gather rows of a list array whose values are ``width`` bytes each in ``data``."""
     offsets = _offsets(array)
     starts, ends = offsets[rows], offsets[rows + 1]
     new_offsets = np.zeros(len(rows) + 1, dtype=offsets.dtype)
@@ -84,15 +71,10 @@ def _take_variable(
         starts, ends = starts * width, ends * width
     gathered = pa.py_buffer(b"".join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist())]))
     validity, null_count = _take_validity(array, rows)
-    offsets_buf = pa.py_buffer(new_offsets)
-    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
-        child_type = array.type.value_type
-        count = int(new_offsets[-1])
-        values = pa.Array.from_buffers(child_type, count, [None, gathered])
-        return pa.Array.from_buffers(
-            array.type, len(rows), [validity, offsets_buf], null_count, children=[values]
-        )
-    return pa.Array.from_buffers(array.type, len(rows), [validity, offsets_buf, gathered], null_count)
+    values = pa.Array.from_buffers(array.type.value_type, int(new_offsets[-1]), [None, gathered])
+    return pa.Array.from_buffers(
+        array.type, len(rows), [validity, pa.py_buffer(new_offsets)], null_count, children=[values]
+    )
 
 
 def _take_validity(array: pa.Array, rows: np.ndarray) -> tuple[pa.Buffer | None, int]:

@@ -40,7 +40,7 @@ def test_gathered_strings_and_lists_are_copies_that_do_not_pin_the_shard():
     texts = pa.array([f"record-{i}" * 50 if i % 7 else None for i in range(1000)])
     lists = pa.array([list(range(i % 50)) for i in range(1000)], pa.list_(pa.int32()))
     rows = np.arange(0, 1000, 2)
-    strings, ragged = StringKind(), RaggedKind(np.dtype(np.int32))
+    strings, ragged = StringKind(), RaggedKind()
     text_data, list_data = strings.prepare(column_from_arrow(texts)), ragged.prepare(column_from_arrow(lists))
     kept_texts = strings.subset([(text_data, rows)])
     kept_lists = ragged.subset([(list_data, rows)])
