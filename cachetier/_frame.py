@@ -65,17 +65,21 @@ def open_frame(
     return payload
 
 
-_STEP = 4 << 20
+_STEP = 1 << 20
 
 
 def _digest(payload: memoryview, release: Callable[[memoryview], None] | None) -> bytes:
     if release is None:
         return xxhash.xxh3_128_digest(payload)
     state = xxhash.xxh3_128()
-    for start in range(0, payload.nbytes, _STEP):
-        step = payload[start : start + _STEP]
+    # steps end where the frame's pages do (a mapped frame starts on a page), so no page
+    # is shared by two steps and kept mapped by both
+    start = 0
+    for end in [*range(_STEP - HEADER_SIZE, payload.nbytes, _STEP), payload.nbytes]:
+        step = payload[start:end]
         state.update(step)
         release(step)
+        start = end
     return state.digest()
 
 

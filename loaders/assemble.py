@@ -10,11 +10,12 @@ in the shards the plan names
 - **Shuffle**: a span's records are scattered over the chunks of a window's shards.
   The records of a few spans at a time are gathered into blocks
   (:class:`loaders.decoded.GatheredRows`, one call per chunk and column), and each
-  batch takes its rows from the blocks. The first group is one span, so the first
-  batch waits for nothing else; groups then double up to ``_PIECE_ROWS`` records. With
-  page-local shuffle blocks (``plan.block``) a group goes on to the end of the block it
-  has reached, so each later group gathers whole blocks: their runs come out of each
-  chunk as ranges of rows, and no page is mapped twice.
+  batch takes its rows from the blocks. With page-local shuffle blocks (``plan.block``,
+  the default) a group is exactly the reader's positions in one block: its rows come
+  out of a few runs of each shard, in address order, so no page is mapped twice, and a
+  batch that crosses into the next block is finished from the next group. Without
+  blocks (uniform windows) the first group is one span, so the first batch waits for
+  nothing else, and groups then double up to ``_PIECE_ROWS`` records.
 
 When a reader enters a window, the oldest shard of that window is in its last window.
 If the reader needs only a small part of it there (the other readers, ranks and
@@ -26,10 +27,10 @@ reader nothing once dropped, and a copy would be private memory.
 
 Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
 (:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
-records read, in order or gathered (a gather goes through each chunk in address order),
-and after each gathered block, whose rows are copies. So a reader's RSS holds a MiB or
-two of shard pages, whatever the shards weigh; what it reads again maps back from tmpfs
-(at the cost of a page fault).
+records read in order, every ``GATHER_DROP_BYTES`` gathered (a gather goes through each
+chunk in address order), and after each gathered block, whose rows are copies. So a
+reader's RSS holds a MiB or two of shard pages, whatever the shards weigh; what it reads
+again maps back from tmpfs (at the cost of a page fault).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from loaders.columns import Kind
-from loaders.decoded import DROP_BYTES, GatheredRows, slice_rows
+from loaders.decoded import DROP_BYTES, GATHER_DROP_BYTES, GatheredRows, Pieces, slice_rows
 from loaders.partition import Runs
 from loaders.plan import EpochPlan
 from loaders.prefetch import ShardPrefetcher
@@ -49,8 +50,6 @@ __all__ = ["batch_rows"]
 
 #: Records gathered at once: the per-chunk calls are paid once per group of this many.
 _PIECE_ROWS = 2048
-#: With shuffle blocks, at least this many, and then on to the end of a block.
-_BLOCK_PIECE_ROWS = _PIECE_ROWS // 2
 #: Copy out the oldest shard of a window when the reader needs at most this share of it.
 _SUBSET_SHARE = 0.4
 
@@ -89,58 +88,135 @@ def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
 
 
 def _gathered(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterator[Parts]:
-    target, spare, entered, later = 1, None, -1, None
-    i = 0
+    gather = _Gatherer(plan, shards, spans)
+    return _by_block(plan, gather, spans) if plan.block else _doubling(gather, spans)
+
+
+def _doubling(gather: _Gatherer, spans: Spans) -> Iterator[Parts]:
+    """Uniform windows: groups of whole spans, one span first (the first batch waits for
+    nothing else), then doubling up to ``_PIECE_ROWS`` records."""
+    target, i = 1, 0
     while i < len(spans):
-        if later is not None:
-            _let_go_of_oldest(plan, shards, *later)
-            later = None
         first, group, rows = i, [], 0
         while i < len(spans) and (rows < target or not group):
-            group.append(spans[i])
-            rows += _length(group[-1])
+            group.append((i, spans[i]))
+            rows += _length(spans[i])
             i += 1
-        if plan.block and target == _BLOCK_PIECE_ROWS:
-            # go on to the end of the shuffle block: the next group then starts with a
-            # whole block, whose runs come out as ranges of rows, none of its pages read twice
-            last_pos, last_n = group[-1][-1]
-            end = plan.block_end(last_pos + last_n - 1)
-            while i < len(spans) and spans[i][0][0] < end:
-                group.append(spans[i])
-                rows += _length(group[-1])
-                i += 1
-        target = min(2 * rows, _BLOCK_PIECE_ROWS if plan.block else _PIECE_ROWS)
-        # a group that holds whole blocks is gathered in address order: its pages can go
-        # every DROP_BYTES without being read twice (measured: no CPU cost against keeping
-        # them for a block, 4-8 MB less RSS per reader)
-        gathered = GatheredRows(rows, spare, DROP_BYTES)
-        window, segments = -1, []
-        for s, runs in enumerate(group, first):
-            for pos, n in runs:
-                for w, lo, hi in plan.segments(pos, pos + n):
-                    if w != window and segments:
-                        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=first > 0))
-                        segments = []
-                    if w > entered:
-                        if entered >= 0:
-                            _let_go_of_oldest(plan, shards, w, spans, s)
-                        else:  # after the first batch, which must not wait for a copy
-                            later = (w, spans, s)
-                        entered = w
-                    window = w
-                    segments.append((lo, hi))
-        # nothing is read ahead before the first batch: it has the cores to itself
-        held, which, rows = _window_rows(plan, shards, window, segments, read_ahead=first > 0)
-        gathered.add(held, which, rows)
-        gathered.finish()
-        gathered.drop_pages()  # the block holds copies
+        target = min(2 * rows, _PIECE_ROWS)
+        gathered = gather.gather(group, rows, read_ahead=first > 0)
         at = 0
-        for runs in group:
+        for _, runs in group:
             n = _length(runs)
             kinds, piece = gathered.take(at, at + n)
             at += n
             yield kinds, [piece], n
-        spare = gathered.blocks
+        gather.spare = gathered.blocks
+
+
+def _by_block(plan: EpochPlan, gather: _Gatherer, spans: Spans) -> Iterator[Parts]:
+    """Page-local shuffle: the reader's positions gathered one shuffle block at a time.
+
+    A group holds exactly the positions of one block, in address order, so its rows come
+    out of a few runs of each shard and its pages go as it goes. A span that
+    crosses into the next block is finished from the next group: gathering its few
+    records there with this group would map pages all over the next block (each
+    scattered record maps a 64 KiB fault-around of every column) and read them twice.
+    """
+    i, done = 0, 0  # the next position to gather: span i, after its first ``done``
+    carry: list[Pieces] = []  # the pieces of span i gathered by earlier groups
+    read_ahead = False  # nothing is read ahead before the first batch: it has the cores to itself
+    while i < len(spans):
+        end = plan.block_end(_position(spans[i], done))
+        group, rows, whole = [], 0, True
+        while i < len(spans):
+            part, whole = _in_block(plan, spans[i], done, end)
+            if part:
+                group.append((i, part))
+                rows += sum(n for _, n in part)
+            if not whole:
+                break
+            i, done = i + 1, 0
+        gathered = gather.gather(group, rows, read_ahead)
+        read_ahead = True
+        at = 0
+        for s, part in group:
+            n = sum(k for _, k in part)
+            kinds, piece = gathered.take(at, at + n)
+            at += n
+            if s == i and not whole:  # the span goes on in the next block
+                carry.append(piece)
+                done += n
+            else:
+                yield kinds, [*carry, piece], _length(spans[s])
+                carry = []
+        gather.spare = gathered.blocks
+
+
+def _position(runs: Runs, skip: int) -> int:
+    """The position after the first ``skip`` positions of a span."""
+    for pos, n in runs:
+        if skip < n:
+            return pos + skip
+        skip -= n
+    raise IndexError("past the end of the span")
+
+
+def _in_block(plan: EpochPlan, runs: Runs, skip: int, end: int) -> tuple[list[tuple[int, int]], bool]:
+    """The runs of a span, after its first ``skip`` positions, up to the first position
+    outside the shuffle block ending at ``end``; and whether they reach the span's end."""
+    out = []
+    for pos, n in runs:
+        if skip >= n:
+            skip -= n
+            continue
+        pos, n, skip = pos + skip, n - skip, 0
+        if plan.block_end(pos) != end:
+            return out, False
+        inside = min(n, end - pos)
+        out.append((pos, inside))
+        if inside < n:
+            return out, False
+    return out, True
+
+
+class _Gatherer:
+    """Gathers groups of a reader's positions (:class:`GatheredRows`), window by window,
+    letting go of what older windows' shards the reader no longer needs; ``spare`` holds
+    the blocks of the last group, reused by the next."""
+
+    def __init__(self, plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> None:
+        self.plan, self.shards, self.spans = plan, shards, spans
+        self.spare: dict[str, Any] | None = None
+        self._entered = -1  # the last window the reader entered
+        self._later: tuple[int, Spans, int] | None = None
+
+    def gather(self, group: list[tuple[int, Runs]], rows: int, read_ahead: bool) -> GatheredRows:
+        """The records of ``group`` (``(span index, runs)`` in order), ``rows`` in all."""
+        plan, shards = self.plan, self.shards
+        if self._later is not None:
+            _let_go_of_oldest(plan, shards, *self._later)
+            self._later = None
+        gathered = GatheredRows(rows, self.spare, GATHER_DROP_BYTES)
+        self.spare = None  # the gathering owns them now: blocks it cannot reuse go as it makes its own
+        window, segments = -1, []
+        for s, runs in group:
+            for pos, n in runs:
+                for w, lo, hi in plan.segments(pos, pos + n):
+                    if w != window and segments:
+                        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=read_ahead))
+                        segments = []
+                    if w > self._entered:
+                        if self._entered >= 0:
+                            _let_go_of_oldest(plan, shards, w, self.spans, s)
+                        else:  # after the first batch, which must not wait for a copy
+                            self._later = (w, self.spans, s)
+                        self._entered = w
+                    window = w
+                    segments.append((lo, hi))
+        gathered.add(*_window_rows(plan, shards, window, segments, read_ahead=read_ahead))
+        gathered.finish()
+        gathered.drop_pages()  # the block holds copies
+        return gathered
 
 
 def _length(runs: Runs) -> int:

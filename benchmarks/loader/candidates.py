@@ -207,8 +207,11 @@ class TierdataRepo(Candidate):
     """Ours through the real stack: a local repository read via the tiered cache, warmed once.
 
     ``prepare`` ingests the records (as Parquet) into ``<work>/repo`` and reads one epoch
-    so the cache holds every shard: the RAM tier (here a folder in the work dir, not
-    /dev/shm, to keep the shared machine's tmpfs free) keeps them decoded.
+    so the cache holds every shard: the RAM tier keeps them decoded, in its default
+    place (a folder under /dev/shm named after the cache folder; about 300 MB here), as
+    a user's would be. On a disk folder instead, the kernel maps a whole large folio of
+    the page cache at each fault, so the pages a reader holds would say more about the
+    file system than about the loader.
     """
 
     name = "tierdata-repo"
@@ -223,7 +226,7 @@ class TierdataRepo(Candidate):
         from cachetier.config import CacheConfig
 
         root = self._root(cfg)
-        return CacheConfig(dir=root / "cache", ram_dir=root / "ram", ram_bytes=2 << 30, ssd_bytes=4 << 30)
+        return CacheConfig(dir=root / "cache", ram_bytes=2 << 30, ssd_bytes=4 << 30)
 
     def prepare(self, cfg: RunConfig) -> None:
         from datastore import Repo

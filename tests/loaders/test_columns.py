@@ -172,6 +172,13 @@ def test_batches_own_their_memory_and_never_pin_a_shard():
     again.add({0: shard}, 0, np.array([5, 6, 7, 8]))
     assert again.finish().take(0, 4)[1]["x"].tolist() == [5, 6, 7, 8]
     assert batch["x"].tolist() == [103, 15, 100, 1] and batch["word"] == ["w103", "w15", "w100", "w1"]
+    # a smaller group reuses them too, and no value of an earlier group stays alive in the tail
+    blocks = again.blocks
+    small = GatheredRows(2, blocks)
+    small.add({0: shard}, 0, np.array([9, 2]))
+    assert small.finish().take(0, 2)[1]["word"] == ["w9", "w2"]
+    assert small.blocks["word"] is blocks["word"] and small.blocks["x"] is blocks["x"]
+    assert all(v is None for v in small.blocks["word"][2:])
 
 
 def test_a_subset_of_a_shard_keeps_its_records_and_refuses_others():

@@ -16,7 +16,7 @@ import pytest
 from cachetier.config import CacheConfig
 from cachetier.errors import NotFoundError, UsageError
 from datastore import Repo
-from loaders import StreamingDataLoader, StreamingDataset
+from loaders import StreamingDataLoader, StreamingDataset, assemble
 from tests.cachetier.test_pages import resident
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -120,6 +120,47 @@ def test_grouped_shuffle_streams_every_record_once_and_resumes_exactly(repo_path
     assert before + after == whole  # the same order, nothing repeated or skipped
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_block_shuffle_gathers_one_block_at_a_time_and_resumes_exactly(
+    repo_path, tmp_path, workers, monkeypatch
+):
+    # Blocks of ~13 records and batches of 16: nearly every batch crosses a block. A
+    # gathered group holds the positions of one block only (the rest of a crossing batch
+    # comes from the next group), so its rows come out of a few runs of each shard.
+    def make() -> StreamingDataLoader:
+        ds = StreamingDataset(
+            str(repo_path), cache=_cache(tmp_path), shuffle=True, seed=7, batch_size=16, shuffle_block="3KB"
+        )
+        return StreamingDataLoader(ds, num_workers=workers)
+
+    plan = make().dataset.plan()
+    assert plan.block == 3000
+    groups: list[list[int]] = []
+    if workers == 0:  # the groups are recorded in this process
+        gather = assemble._Gatherer.gather
+
+        def recording(self, group, rows, read_ahead):
+            groups.append([p for _, runs in group for pos, n in runs for p in range(pos, pos + n)])
+            return gather(self, group, rows, read_ahead)
+
+        monkeypatch.setattr(assemble._Gatherer, "gather", recording)
+    whole = [i for batch in make() for i in batch["id"].tolist()]
+    assert sorted(whole) == list(range(RECORDS))
+    if workers == 0:
+        assert [p for g in groups for p in g] == list(range(RECORDS))
+        assert all(len({plan.block_end(p) for p in g}) == 1 for g in groups)
+        assert len(groups) > RECORDS // 16, "the test needs blocks smaller than a batch"
+    loader = make()
+    it = iter(loader)
+    before = [i for _, batch in zip(range(9), it) for i in batch["id"].tolist()]
+    del it
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = [i for batch in resumed for i in batch["id"].tolist()]
+    assert before + after == whole  # the same order, nothing repeated or skipped
+
+
 def test_a_state_from_another_shuffle_group_is_refused(repo_path, tmp_path):
     ds = StreamingDataset(
         str(repo_path), cache=_cache(tmp_path), shuffle=True, batch_size=8, shuffle_group="40KB"
@@ -183,7 +224,7 @@ _INGEST_THEN_TRAIN = textwrap.dedent("""
     from pathlib import Path
     from cachetier.config import CacheConfig
     from datastore import Repo
-    from loaders import StreamingDataLoader, StreamingDataset
+    from loaders import StreamingDataLoader, StreamingDataset, assemble
     work = Path(sys.argv[1])
     src = work / "src"
     for i in range(40):
