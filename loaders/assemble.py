@@ -27,8 +27,10 @@ reader nothing once dropped, and a copy would be private memory.
 
 Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
 (:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
-records read in order, every ``GATHER_DROP_BYTES`` gathered (a gather goes through each
-chunk in address order), and after each gathered block, whose rows are copies. So a
+records read, in order or gathered (a gather goes through each chunk in address order),
+and after each gathered block, whose rows are copies. Unmapping costs CPU in proportion
+to the pages it lets go of, and pages it lets go of too early are mapped again (measured:
+every 256 KiB instead cost 5-10 % more CPU with the shuffle on, for 1-3 MB less RSS). So a
 reader's RSS holds a MiB or two of shard pages, whatever the shards weigh; what it reads
 again maps back from tmpfs (at the cost of a page fault).
 """
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from loaders.columns import Kind
-from loaders.decoded import DROP_BYTES, GATHER_DROP_BYTES, GatheredRows, Pieces, slice_rows
+from loaders.decoded import DROP_BYTES, GatheredRows, Pieces, slice_rows
 from loaders.partition import Runs
 from loaders.plan import EpochPlan
 from loaders.prefetch import ShardPrefetcher
@@ -123,23 +125,27 @@ def _by_block(plan: EpochPlan, gather: _Gatherer, spans: Spans) -> Iterator[Part
     scattered record maps a 64 KiB fault-around of every column) and read them twice.
     """
     i, done = 0, 0  # the next position to gather: span i, after its first ``done``
+    runs = spans[0] if len(spans) else []  # span i (a span's runs are computed on each access)
     carry: list[Pieces] = []  # the pieces of span i gathered by earlier groups
     read_ahead = False  # nothing is read ahead before the first batch: it has the cores to itself
     while i < len(spans):
-        end = plan.block_end(_position(spans[i], done))
-        group, rows, whole = [], 0, True
-        while i < len(spans):
-            part, whole = _in_block(plan, spans[i], done, end)
+        end = plan.block_end(_position(runs, done))
+        group, rows, whole = [], 0, True  # (span index, its runs in the block, its length)
+        while True:
+            part, whole = _in_block(plan, runs, done, end)
             if part:
-                group.append((i, part))
+                group.append((i, part, _length(runs)))
                 rows += sum(n for _, n in part)
             if not whole:
                 break
             i, done = i + 1, 0
-        gathered = gather.gather(group, rows, read_ahead)
+            if i == len(spans):
+                break
+            runs = spans[i]
+        gathered = gather.gather([(s, part) for s, part, _ in group], rows, read_ahead)
         read_ahead = True
         at = 0
-        for s, part in group:
+        for s, part, length in group:
             n = sum(k for _, k in part)
             kinds, piece = gathered.take(at, at + n)
             at += n
@@ -147,7 +153,7 @@ def _by_block(plan: EpochPlan, gather: _Gatherer, spans: Spans) -> Iterator[Part
                 carry.append(piece)
                 done += n
             else:
-                yield kinds, [*carry, piece], _length(spans[s])
+                yield kinds, [*carry, piece], length
                 carry = []
         gather.spare = gathered.blocks
 
@@ -196,7 +202,7 @@ class _Gatherer:
         if self._later is not None:
             _let_go_of_oldest(plan, shards, *self._later)
             self._later = None
-        gathered = GatheredRows(rows, self.spare, GATHER_DROP_BYTES)
+        gathered = GatheredRows(rows, self.spare, DROP_BYTES)
         self.spare = None  # the gathering owns them now: blocks it cannot reuse go as it makes its own
         window, segments = -1, []
         for s, runs in group:

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DROP_BYTES",
-    "GATHER_DROP_BYTES",
     "DecodedShard",
     "GatheredRows",
     "batch_from_pieces",
@@ -50,11 +49,6 @@ _DISAGREE = "shards of one version disagree on their columns"
 #: order, and while gathering: rows picked at random touch whole pages, so a block of
 #: 2048 rows would map several times its own size).
 DROP_BYTES = 1 << 20
-#: The same while gathering a page-local shuffle's runs (:mod:`loaders.assemble`): each run
-#: maps a fault-around (64 KiB) past both of its ends in every column, so a MiB of runs
-#: held two to three MiB of pages (measured: 1-3 MB less peak RSS per reader, 3-10 % more
-#: CPU with the shuffle on).
-GATHER_DROP_BYTES = DROP_BYTES // 4
 
 
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
