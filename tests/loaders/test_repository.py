@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,21 @@ def _cache(tmp_path: Path) -> CacheConfig:
     )
 
 
+def _resumed_halves(
+    make: Callable[[], StreamingDataLoader], batches: int
+) -> tuple[list[int], list[int], dict]:
+    """The ids of a loader's first ``batches`` batches; the ids of the rest of its epoch,
+    read by a fresh loader from its state; and that state."""
+    loader = make()
+    it = iter(loader)
+    before = [i for _, batch in zip(range(batches), it) for i in batch["id"].tolist()]
+    del it
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    return before, [i for batch in resumed for i in batch["id"].tolist()], state
+
+
 def test_a_repository_version_streams_every_record_once_through_the_cache(repo_path, tmp_path):
     peek = StreamingDataset(str(repo_path), "main", cache=_cache(tmp_path), batch_size=4)
     assert set(next(iter(peek))) == {"id", "text"}
@@ -58,14 +74,7 @@ def test_resume_against_the_repository_in_a_new_dataset(repo_path, tmp_path):
             num_workers=2,
         )
 
-    loader = make()
-    it = iter(loader)
-    before = [i for _, batch in zip(range(7), it) for i in batch["id"].tolist()]
-    del it
-    state = loader.state_dict()
-    resumed = make()
-    resumed.load_state_dict(state)
-    after = [i for batch in resumed for i in batch["id"].tolist()]
+    before, after, _ = _resumed_halves(make, 7)
     assert sorted(before + after) == list(range(RECORDS))
 
 
@@ -108,15 +117,8 @@ def test_grouped_shuffle_streams_every_record_once_and_resumes_exactly(repo_path
     assert 2 < len(plan.groups) - 1 < len(plan.shard_ids), "the test needs several groups of several shards"
     whole = [i for batch in make() for i in batch["id"].tolist()]
     assert sorted(whole) == list(range(RECORDS))
-    loader = make()
-    it = iter(loader)
-    before = [i for _, batch in zip(range(11), it) for i in batch["id"].tolist()]
-    del it
-    state = loader.state_dict()
+    before, after, state = _resumed_halves(make, 11)
     assert state["group"] == 30_000
-    resumed = make()
-    resumed.load_state_dict(state)
-    after = [i for batch in resumed for i in batch["id"].tolist()]
     assert before + after == whole  # the same order, nothing repeated or skipped
 
 
@@ -150,14 +152,7 @@ def test_a_block_shuffle_gathers_one_block_at_a_time_and_resumes_exactly(
         assert [p for g in groups for p in g] == list(range(RECORDS))
         assert all(len({plan.block_end(p) for p in g}) == 1 for g in groups)
         assert len(groups) > RECORDS // 16, "the test needs blocks smaller than a batch"
-    loader = make()
-    it = iter(loader)
-    before = [i for _, batch in zip(range(9), it) for i in batch["id"].tolist()]
-    del it
-    state = loader.state_dict()
-    resumed = make()
-    resumed.load_state_dict(state)
-    after = [i for batch in resumed for i in batch["id"].tolist()]
+    before, after, _ = _resumed_halves(make, 9)
     assert before + after == whole  # the same order, nothing repeated or skipped
 
 
