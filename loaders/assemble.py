@@ -101,8 +101,9 @@ def _doubling(gather: _Gatherer, spans: Spans) -> Iterator[Parts]:
     while i < len(spans):
         first, group, rows = i, [], 0
         while i < len(spans) and (rows < target or not group):
-            group.append((i, spans[i]))
-            rows += _length(spans[i])
+            runs = spans[i]  # computed on each access: once per span
+            group.append((i, runs))
+            rows += _length(runs)
             i += 1
         target = min(2 * rows, _PIECE_ROWS)
         gathered = gather.gather(group, rows, read_ahead=first > 0)
@@ -130,23 +131,23 @@ def _by_block(plan: EpochPlan, gather: _Gatherer, spans: Spans) -> Iterator[Part
     read_ahead = False  # nothing is read ahead before the first batch: it has the cores to itself
     while i < len(spans):
         end = plan.block_end(_position(runs, done))
-        group, rows, whole = [], 0, True  # (span index, its runs in the block, its length)
+        group, rows, whole = [], 0, True  # (span index, its runs in the block, their positions, its length)
         while True:
             part, whole = _in_block(plan, runs, done, end)
             if part:
-                group.append((i, part, _length(runs)))
-                rows += sum(n for _, n in part)
+                n = sum(k for _, k in part)
+                group.append((i, part, n, _length(runs)))
+                rows += n
             if not whole:
                 break
             i, done = i + 1, 0
             if i == len(spans):
                 break
             runs = spans[i]
-        gathered = gather.gather([(s, part) for s, part, _ in group], rows, read_ahead)
+        gathered = gather.gather([(s, part) for s, part, _, _ in group], rows, read_ahead)
         read_ahead = True
         at = 0
-        for s, part, length in group:
-            n = sum(k for _, k in part)
+        for s, _, n, length in group:
             kinds, piece = gathered.take(at, at + n)
             at += n
             if s == i and not whole:  # the span goes on in the next block
@@ -194,13 +195,13 @@ class _Gatherer:
         self.plan, self.shards, self.spans = plan, shards, spans
         self.spare: dict[str, Any] | None = None
         self._entered = -1  # the last window the reader entered
-        self._later: tuple[int, Spans, int] | None = None
+        self._later: tuple[int, int] | None = None  # (window, span) to let go of after the first batch
 
     def gather(self, group: list[tuple[int, Runs]], rows: int, read_ahead: bool) -> GatheredRows:
         """The records of ``group`` (``(span index, runs)`` in order), ``rows`` in all."""
         plan, shards = self.plan, self.shards
         if self._later is not None:
-            _let_go_of_oldest(plan, shards, *self._later)
+            _let_go_of_oldest(plan, shards, self._later[0], self.spans, self._later[1])
             self._later = None
         gathered = GatheredRows(rows, self.spare, DROP_BYTES)
         self.spare = None  # the gathering owns them now: blocks it cannot reuse go as it makes its own
@@ -215,7 +216,7 @@ class _Gatherer:
                         if self._entered >= 0:
                             _let_go_of_oldest(plan, shards, w, self.spans, s)
                         else:  # after the first batch, which must not wait for a copy
-                            self._later = (w, self.spans, s)
+                            self._later = (w, s)
                         self._entered = w
                     window = w
                     segments.append((lo, hi))
