@@ -47,7 +47,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+import mmap
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,22 @@ def _with_room(rows: int) -> int:
     return rows + rows // 8
 
 
+def mapped_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array in an anonymous mapping of its own, given back to the system
+    as soon as the array (and every view of it) is freed.
+
+    For gathered blocks: megabytes, held for a while, then dropped. From malloc, freeing
+    one raises glibc's mmap threshold to its size, so every later block comes from the
+    heap, and the heap keeps up to twice that size free instead of giving it back:
+    measured, the process grew by 4.4 MB over 3 epochs, flat with blocks of their own.
+    """
+    count = math.prod(shape)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    return np.frombuffer(mmap.mmap(-1, max(1, count * dtype.itemsize), flags=flags), dtype, count).reshape(
+        shape
+    )
+
+
 class NumericKind(Kind):
     """Numbers (primitives, fixed-size lists of them): numpy arrays ``(rows, *shape)``."""
 
@@ -168,7 +185,7 @@ class NumericKind(Kind):
         fits = spare is not None and len(spare) >= rows and spare.dtype == like.dtype
         if fits and spare.shape[1:] == like.shape[1:]:
             return spare
-        return np.empty((_with_room(rows), *like.shape[1:]), dtype=like.dtype)
+        return mapped_empty((_with_room(rows), *like.shape[1:]), like.dtype)
 
     def fill(self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
         dest = block[at : at + len(rows)]
@@ -220,15 +237,20 @@ class Ragged:
         return self.values[first:last], np.diff(self.offsets).astype(np.int64)
 
     @staticmethod
-    def join(pieces: Sequence[Ragged]) -> Ragged:
-        """Pieces, in order, as one (copied when there is more than one)."""
+    def join(
+        pieces: Sequence[Ragged], empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
+    ) -> Ragged:
+        """Pieces, in order, as one (copied into values from ``empty`` when there is more than one)."""
         if len(pieces) == 1:
             return pieces[0]
         flats = [p.flat() for p in pieces]
         lengths = np.concatenate([n for _, n in flats])
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return Ragged(offsets, np.concatenate([v for v, _ in flats]))
+        like = pieces[0].values
+        values = empty((int(offsets[-1]), *like.shape[1:]), like.dtype)
+        np.concatenate([v for v, _ in flats], out=values)
+        return Ragged(offsets, values)
 
 
 class RaggedKind(Kind):
@@ -257,7 +279,7 @@ class RaggedKind(Kind):
         return block
 
     def finish(self, block: list[Ragged]) -> Ragged:
-        return Ragged.join(block)
+        return Ragged.join(block, empty=mapped_empty)
 
     def select(self, block: Ragged, rows: np.ndarray) -> Ragged:
         return block.take(rows)

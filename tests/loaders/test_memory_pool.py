@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
-from loaders.columns import RaggedKind, StringKind
+from loaders.columns import NumericKind, RaggedKind, StringKind
 from loaders.ipcview import column_from_arrow
 from loaders.source import loader_memory_pool
 
@@ -76,3 +78,30 @@ def test_workers_use_the_loader_pool_by_default_and_the_training_process_keeps_i
     assert in_process == {mine}
     assert in_workers == {loader_memory_pool().backend_name}
     assert pa.default_memory_pool().backend_name == mine
+
+
+def _mapping_at(address: int) -> str | None:
+    """The name of the mapping holding ``address`` ("" when anonymous), None when unmapped."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, *rest = line.split()
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return rest[4] if len(rest) > 4 else ""
+    return None
+
+
+def test_gathered_blocks_live_in_mappings_of_their_own_given_back_when_dropped():
+    numbers, ragged = NumericKind((512,)), RaggedKind()
+    block = numbers.new_block(3000, np.zeros((1, 512), np.int32))
+    lists = ragged.prepare(
+        column_from_arrow(pa.array([list(range(i % 900)) for i in range(2000)], pa.list_(pa.int32())))
+    )
+    joined = ragged.finish([lists.take(np.arange(0, 2000, 2)), lists.take(np.arange(1, 2000, 2))])
+    assert len(joined) == 2000 and joined.flat()[1].tolist()[:3] == [0, 2, 4]
+    addresses = [block.ctypes.data, joined.values.ctypes.data]
+    # never in the malloc heap, whose free space glibc keeps once a block of megabytes is freed
+    assert [_mapping_at(a) for a in addresses] == ["", ""]
+    del block, joined
+    gc.collect()
+    assert [_mapping_at(a) for a in addresses] == [None, None]
