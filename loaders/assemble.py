@@ -29,9 +29,10 @@ Shards read from the RAM tier are mapped files. A reader unmaps the pages it has
 (:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
 records read, in order or gathered (a gather goes through each chunk in address order),
 and after each gathered block, whose rows are copies. Unmapping costs CPU in proportion
-to the pages it lets go of, and pages it lets go of too early are mapped again (measured:
-every 256 KiB instead cost 5-10 % more CPU with the shuffle on, for 1-3 MB less RSS). So a
-reader's RSS holds a MiB or two of shard pages, whatever the shards weigh; what it reads
+to the pages it lets go of, and pages it lets go of too early are mapped again (measured
+on a quiet machine: every 256 KiB instead cost 30 % more CPU with the shuffle on and no
+workers, for 0.7 MB less peak RSS; 3 MB less per DataLoader worker). So a reader's RSS
+holds a few MiB of shard pages at its peaks, whatever the shards weigh; what it reads
 again maps back from tmpfs (at the cost of a page fault).
 """
 

@@ -140,7 +140,7 @@ def _with_room(rows: int) -> int:
     return rows + rows // 8
 
 
-def mapped_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def _mapped_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array in an anonymous mapping of its own, given back to the system
     as soon as the array (and every view of it) is freed.
 
@@ -185,7 +185,7 @@ class NumericKind(Kind):
         fits = spare is not None and len(spare) >= rows and spare.dtype == like.dtype
         if fits and spare.shape[1:] == like.shape[1:]:
             return spare
-        return mapped_empty((_with_room(rows), *like.shape[1:]), like.dtype)
+        return _mapped_empty((_with_room(rows), *like.shape[1:]), like.dtype)
 
     def fill(self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
         dest = block[at : at + len(rows)]
@@ -253,6 +253,23 @@ class Ragged:
         return Ragged(offsets, values)
 
 
+class _RaggedPieces(list):
+    """A ragged block while it is gathered: its pieces, and the buffer of an older block
+    (``room``, None if none) to join them into."""
+
+    def __init__(self, room: np.ndarray | None) -> None:
+        super().__init__()
+        self.room = room
+
+
+@dataclass(frozen=True, slots=True)
+class _RaggedBlock(Ragged):
+    """A gathered ragged block: its ``values`` start ``room``, a buffer of its own (see
+    :func:`_mapped_empty`) that the next block is joined into when it fits."""
+
+    room: np.ndarray | None = None
+
+
 class RaggedKind(Kind):
     """A variable-length list of numbers: padded 2-D tensor plus lengths."""
 
@@ -272,14 +289,23 @@ class RaggedKind(Kind):
         return Ragged.join([data.take(rows) for data, rows in parts])
 
     def new_block(self, rows: int, like: Ragged, spare: Any = None) -> list[Ragged]:
-        return []
+        return _RaggedPieces(spare.room if isinstance(spare, _RaggedBlock) else None)
 
     def fill(self, block: list[Ragged], at: int, data: Ragged, rows: np.ndarray) -> list[Ragged]:
         block.append(data.take(rows))
         return block
 
     def finish(self, block: list[Ragged]) -> Ragged:
-        return Ragged.join(block, empty=mapped_empty)
+        if len(block) < 2:
+            return Ragged.join(block)
+        like = block[0].values
+        count = sum(int(p.offsets[-1] - p.offsets[0]) for p in block)
+        room = block.room if isinstance(block, _RaggedPieces) else None
+        fits = room is not None and room.dtype == like.dtype and room.shape[1:] == like.shape[1:]
+        if not (fits and len(room) >= count):
+            room = _mapped_empty((_with_room(count), *like.shape[1:]), like.dtype)
+        joined = Ragged.join(block, empty=lambda shape, dtype: room[: shape[0]])
+        return _RaggedBlock(joined.offsets, joined.values, room)
 
     def select(self, block: Ragged, rows: np.ndarray) -> Ragged:
         return block.take(rows)

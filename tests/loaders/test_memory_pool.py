@@ -105,3 +105,25 @@ def test_gathered_blocks_live_in_mappings_of_their_own_given_back_when_dropped()
     del block, joined
     gc.collect()
     assert [_mapping_at(a) for a in addresses] == [None, None]
+
+
+def test_a_ragged_block_is_joined_into_the_room_of_the_block_before():
+    ragged = RaggedKind()
+    lists = pa.array([list(range(i % 90)) for i in range(2000)], pa.list_(pa.int32()))
+    data = ragged.prepare(column_from_arrow(lists))
+
+    def block(rows: np.ndarray, spare: object = None):
+        pieces = ragged.new_block(len(rows), data, spare)
+        for part in np.array_split(rows, 3):
+            ragged.fill(pieces, 0, data, part)
+        joined = ragged.finish(pieces)
+        expected = lists.take(pa.array(rows)).to_pylist()
+        assert joined.flat()[0].tolist() == [x for v in expected for x in v]
+        return joined
+
+    first = block(np.arange(0, 2000, 2))
+    smaller = block(np.arange(1, 1800, 2), spare=first)
+    assert smaller.values.ctypes.data == first.values.ctypes.data  # no new buffer
+    bigger = block(np.arange(2000), spare=smaller)
+    assert _mapping_at(bigger.values.ctypes.data) == ""  # a mapping of its own, with room
+    assert bigger.values.ctypes.data != first.values.ctypes.data
