@@ -156,6 +156,19 @@ def _mapped_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     )
 
 
+def _block_buffer(rows: int, like: np.ndarray, spare: np.ndarray | None) -> np.ndarray:
+    """A buffer for ``rows`` rows like ``like``'s: ``spare`` (an older block's) when it fits,
+    else a new mapping with room (:func:`_with_room`)."""
+    if (
+        spare is not None
+        and len(spare) >= rows
+        and spare.dtype == like.dtype
+        and spare.shape[1:] == like.shape[1:]
+    ):
+        return spare
+    return _mapped_empty((_with_room(rows), *like.shape[1:]), like.dtype)
+
+
 class NumericKind(Kind):
     """Numbers (primitives, fixed-size lists of them): numpy arrays ``(rows, *shape)``."""
 
@@ -182,10 +195,7 @@ class NumericKind(Kind):
         return out
 
     def new_block(self, rows: int, like: np.ndarray, spare: np.ndarray | None = None) -> np.ndarray:
-        fits = spare is not None and len(spare) >= rows and spare.dtype == like.dtype
-        if fits and spare.shape[1:] == like.shape[1:]:
-            return spare
-        return _mapped_empty((_with_room(rows), *like.shape[1:]), like.dtype)
+        return _block_buffer(rows, like, spare)
 
     def fill(self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
         dest = block[at : at + len(rows)]
@@ -298,12 +308,8 @@ class RaggedKind(Kind):
     def finish(self, block: list[Ragged]) -> Ragged:
         if len(block) < 2:
             return Ragged.join(block)
-        like = block[0].values
         count = sum(int(p.offsets[-1] - p.offsets[0]) for p in block)
-        room = block.room if isinstance(block, _RaggedPieces) else None
-        fits = room is not None and room.dtype == like.dtype and room.shape[1:] == like.shape[1:]
-        if not (fits and len(room) >= count):
-            room = _mapped_empty((_with_room(count), *like.shape[1:]), like.dtype)
+        room = _block_buffer(count, block[0].values, block.room if isinstance(block, _RaggedPieces) else None)
         joined = Ragged.join(block, empty=lambda shape, dtype: room[: shape[0]])
         return _RaggedBlock(joined.offsets, joined.values, room)
 
