@@ -36,7 +36,6 @@ Rules
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import shutil
 import threading
@@ -57,7 +56,7 @@ from cachetier.flight import lock_record
 from cachetier.hashing import BytesLike
 from cachetier.lmdbtier import Chooser, Resident
 from cachetier.metrics import TierCounters
-from cachetier.pages import drop_view
+from cachetier.pages import FileMapping, drop_view
 from cachetier.ramowner import claim, default_name_prefix, sweep_orphans
 from cachetier.store import ObjectInfo, Store
 
@@ -138,7 +137,7 @@ class RamTier(Store):
             return None
         try:
             st = os.fstat(fd)
-            mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) if st.st_size else None
+            mapped = FileMapping.open(fd, st.st_size) if st.st_size else None
         finally:
             os.close(fd)
         identity = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -271,7 +270,7 @@ class RamTier(Store):
             try:
                 os.pwrite(fd, frame_header_of(sink.length, sink.digest()), 0)
                 st = os.fstat(fd)
-                mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+                mapped = FileMapping.open(fd, st.st_size)
             except OSError as e:
                 raise self._failed(e) from e
         except BaseException:

@@ -25,15 +25,15 @@ go (:meth:`loaders.decoded.DecodedShard.subset`): a reader then holds about
 A shard read from a shared mapping (the RAM tier) is kept whole: its pages cost the
 reader nothing once dropped, and a copy would be private memory.
 
-Shards read from the RAM tier are mapped files. A reader unmaps the pages it has passed
-(:meth:`loaders.decoded.DecodedShard.drop_pages`) every ``DROP_BYTES`` (1 MiB) of
-records read, in order or gathered (a gather goes through each chunk in address order),
-and after each gathered block, whose rows are copies. Unmapping costs CPU in proportion
-to the pages it lets go of, and pages it lets go of too early are mapped again (measured
-on a quiet machine: every 256 KiB instead cost 30 % more CPU with the shuffle on and no
-workers, for 0.7 MB less peak RSS; 3 MB less per DataLoader worker). So a reader's RSS
-holds a few MiB of shard pages at its peaks, whatever the shards weigh; what it reads
-again maps back from tmpfs (at the cost of a page fault).
+Shards read from the RAM tier are mapped files, read without mapping their values: rows
+copied into a batch or a block are copied from the file with ``pread``
+(:data:`loaders.columns.Reader`), so only their offsets and validity (a few bytes a
+record) are read in place, and the values of rows spread thinner than one in eight
+(``loaders.decoded._SPREAD``). Unmapping costs about a microsecond a page here, and pages
+mapped to be copied once counted in the reader's RSS until then: at their peaks a few
+MiB per process, 7 MB in a DataLoader worker gathering spread rows. A reader still
+unmaps the pages it has read in place (:meth:`loaders.decoded.DecodedShard.drop_pages`)
+every ``DROP_BYTES`` (1 MiB) of them, and after each gathered block.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from loaders.columns import Kind
+from loaders.columns import Kind, Scratch
 from loaders.decoded import DROP_BYTES, GatheredRows, Pieces, slice_rows
 from loaders.partition import Runs
 from loaders.plan import EpochPlan
@@ -82,7 +82,7 @@ def _in_order(plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> Iterato
                 shard = held[which]
                 kinds, piece = slice_rows(shard, rows.start, rows.stop)
                 parts.append(piece)
-                passed += shard.row_bytes * (rows.stop - rows.start)
+                passed += shard.mapped_row_bytes * (rows.stop - rows.start)
         first = False
         yield kinds, parts, _length(runs)
         if passed >= DROP_BYTES:  # the batch is built: the pages behind it are not needed
@@ -195,6 +195,7 @@ class _Gatherer:
     def __init__(self, plan: EpochPlan, shards: ShardPrefetcher, spans: Spans) -> None:
         self.plan, self.shards, self.spans = plan, shards, spans
         self.spare: dict[str, Any] | None = None
+        self.scratch = Scratch()
         self._entered = -1  # the last window the reader entered
         self._later: tuple[int, int] | None = None  # (window, span) to let go of after the first batch
 
@@ -204,7 +205,7 @@ class _Gatherer:
         if self._later is not None:
             _let_go_of_oldest(plan, shards, self._later[0], self.spans, self._later[1])
             self._later = None
-        gathered = GatheredRows(rows, self.spare, DROP_BYTES)
+        gathered = GatheredRows(rows, self.spare, DROP_BYTES, self.scratch)
         self.spare = None  # the gathering owns them now: blocks it cannot reuse go as it makes its own
         window, segments = -1, []
         for s, runs in group:

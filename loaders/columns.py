@@ -33,6 +33,12 @@ Per-sample mode (``emit_samples``) gives one value per row: Python scalars for 1
 numbers, tensor rows for fixed-size lists, 1-D tensors (unpadded) for variable-length
 lists, ``str``/``bytes``/objects for the rest.
 
+A shard read from the RAM tier comes with a *reader* (:data:`Reader`): rows that are
+copied out anyway (a slice in order, a range of rows gathered) are then read from the
+file with ``pread`` straight into their destination, never through the mapping, so the
+process maps, faults in and later unmaps no page of their values (see
+:mod:`cachetier.pages`). Offsets and validity stay read in place: they are small.
+
 Tensors always own their memory: a slice of a shard is copied once, never handed out
 as a view (a view would pin the whole shard, make a DataLoader worker share the whole
 shard's storage, and could point into read-only, memory-mapped cache pages). In a
@@ -67,6 +73,8 @@ __all__ = [
     "NumericKind",
     "ObjectKind",
     "RaggedKind",
+    "Reader",
+    "Scratch",
     "StringKind",
     "kind_of",
     "lengths_key",
@@ -75,6 +83,11 @@ __all__ = [
 
 #: Ranges are worth slicing when they hold at least this many rows on average.
 _RANGE_ROWS = 8
+
+#: Copies the bytes of ``view`` (a C-contiguous view of a shard's buffer) into ``out`` (as
+#: many bytes, C-contiguous, writable) from the shard's file, not through its mapping;
+#: False, copying nothing, when ``view`` does not lie in that file.
+Reader = Callable[[np.ndarray, np.ndarray], bool]
 
 
 def lengths_key(name: str) -> str:
@@ -97,8 +110,9 @@ class Kind:
         """One chunk's data (without a copy where possible)."""
         raise NotImplementedError
 
-    def slice(self, data: Any, start: int, stop: int) -> Any:
-        """The piece of rows ``[start, stop)`` of one chunk."""
+    def slice(self, data: Any, start: int, stop: int, read: Reader | None = None) -> Any:
+        """The piece of rows ``[start, stop)`` of one chunk (values copied with ``read``
+        where the kind can)."""
         raise NotImplementedError
 
     def concat(self, pieces: Sequence[Any]) -> Any:
@@ -113,13 +127,20 @@ class Kind:
         """A block with room for ``rows`` rows of data like ``like`` (``spare``, an older one, if it fits)."""
         raise NotImplementedError
 
-    def fill(self, block: Any, at: int, data: Any, rows: np.ndarray) -> Any:
-        """Write rows ``rows`` of chunk ``data`` to the block from row ``at``; returns the block."""
+    def fill(self, block: Any, at: int, data: Any, rows: np.ndarray, read: Reader | None = None) -> Any:
+        """Write rows ``rows`` of chunk ``data`` to the block from row ``at`` (ranges of
+        them copied with ``read`` where the kind can); returns the block."""
         raise NotImplementedError
 
     def finish(self, block: Any) -> Any:
         """The block, ready for ``select``, once every row is filled."""
         return block
+
+    def read_rows(self, data: Any, start: int, stop: int, read: Reader, scratch: Scratch) -> Any:
+        """Rows ``[start, stop)`` of chunk ``data`` as chunk data of their own, their values
+        copied with ``read`` into ``scratch`` (valid until its next use), for ``fill`` to
+        gather from; None where the kind cannot."""
+        return None
 
     def select(self, block: Any, rows: np.ndarray) -> Any:
         """The piece of a block's rows ``rows`` (a copy: the block is reused)."""
@@ -156,6 +177,21 @@ def _mapped_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     )
 
 
+class Scratch:
+    """A buffer reused for values copied out only to be gathered from, one use at a time:
+    in a mapping of its own (see :func:`_mapped_empty`), replaced when too small."""
+
+    def __init__(self) -> None:
+        self._buffer: np.ndarray | None = None
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array over the buffer (the previous one's bytes)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._buffer is None or self._buffer.nbytes < nbytes:
+            self._buffer = _mapped_empty((_with_room(nbytes),), np.dtype(np.uint8))
+        return self._buffer[:nbytes].view(dtype).reshape(shape)
+
+
 def _block_buffer(rows: int, like: np.ndarray, spare: np.ndarray | None) -> np.ndarray:
     """A buffer for ``rows`` rows like ``like``'s: ``spare`` (an older block's) when it fits,
     else a new mapping with room (:func:`_with_room`)."""
@@ -180,8 +216,13 @@ class NumericKind(Kind):
     def prepare(self, chunk: Column) -> np.ndarray:
         return _numbers(chunk)
 
-    def slice(self, data: np.ndarray, start: int, stop: int) -> np.ndarray:
-        return data[start:stop]
+    def slice(self, data: np.ndarray, start: int, stop: int, read: Reader | None = None) -> np.ndarray:
+        piece = data[start:stop]
+        if read is not None and len(piece):
+            out = _empty(piece.shape, piece.dtype).numpy()  # the batch's own tensor: see _tensor
+            if read(piece, out):
+                return out
+        return piece
 
     def concat(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -197,13 +238,23 @@ class NumericKind(Kind):
     def new_block(self, rows: int, like: np.ndarray, spare: np.ndarray | None = None) -> np.ndarray:
         return _block_buffer(rows, like, spare)
 
-    def fill(self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def fill(
+        self, block: np.ndarray, at: int, data: np.ndarray, rows: np.ndarray, read: Reader | None = None
+    ) -> np.ndarray:
         dest = block[at : at + len(rows)]
-        if data.dtype == block.dtype and data.shape[1:] == block.shape[1:]:
+        same = data.dtype == block.dtype and data.shape[1:] == block.shape[1:]
+        if read is not None and same and _read_ranges(read, data, rows, dest):
+            return block
+        if same:
             np.take(data, rows, axis=0, out=dest, mode="clip")  # rows are valid; "raise" would buffer
         else:
             dest[...] = data[rows]
         return block
+
+    def read_rows(self, data: np.ndarray, start: int, stop: int, read: Reader, scratch: Scratch) -> Any:
+        view = data[start:stop]
+        out = scratch.array(view.shape, view.dtype)
+        return out if read(view, out) else None
 
     def select(self, block: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return block[rows]
@@ -289,8 +340,9 @@ class RaggedKind(Kind):
         assert chunk.offsets is not None and chunk.child is not None
         return Ragged(chunk.offsets, _numbers(chunk.child))
 
-    def slice(self, data: Ragged, start: int, stop: int) -> Ragged:
-        return data.rows(start, stop)
+    def slice(self, data: Ragged, start: int, stop: int, read: Reader | None = None) -> Ragged:
+        piece = data.rows(start, stop)
+        return (read is not None and _read_ragged(read, piece)) or piece
 
     def concat(self, pieces: Sequence[Ragged]) -> Ragged:
         return Ragged.join(pieces)
@@ -301,7 +353,15 @@ class RaggedKind(Kind):
     def new_block(self, rows: int, like: Ragged, spare: Any = None) -> list[Ragged]:
         return _RaggedPieces(spare.room if isinstance(spare, _RaggedBlock) else None)
 
-    def fill(self, block: list[Ragged], at: int, data: Ragged, rows: np.ndarray) -> list[Ragged]:
+    def fill(
+        self, block: list[Ragged], at: int, data: Ragged, rows: np.ndarray, read: Reader | None = None
+    ) -> list[Ragged]:
+        ranges = row_ranges(rows) if read is not None else None
+        if ranges is not None:
+            pieces = [_read_ragged(read, data.rows(a, b)) for a, b in ranges]
+            if all(pieces):
+                block.extend(pieces)
+                return block
         block.append(data.take(rows))
         return block
 
@@ -312,6 +372,9 @@ class RaggedKind(Kind):
         room = _block_buffer(count, block[0].values, block.room if isinstance(block, _RaggedPieces) else None)
         joined = Ragged.join(block, empty=lambda shape, dtype: room[: shape[0]])
         return _RaggedBlock(joined.offsets, joined.values, room)
+
+    def read_rows(self, data: Ragged, start: int, stop: int, read: Reader, scratch: Scratch) -> Any:
+        return _read_ragged(read, data.rows(start, stop), scratch.array)
 
     def select(self, block: Ragged, rows: np.ndarray) -> Ragged:
         return block.take(rows)
@@ -415,8 +478,12 @@ class StringKind(_ValuesKind):
         valid = chunk.valid if chunk.null_count else None
         return Strings(offsets, memoryview(data).cast("B"), valid, chunk.type.id == "utf8")
 
-    def slice(self, data: Strings, start: int, stop: int) -> list[Any]:
-        return data.values(start, stop)
+    def slice(self, data: Strings, start: int, stop: int, read: Reader | None = None) -> list[Any]:
+        own = _read_strings(read, data, start, stop) if read is not None else None
+        return own.values(0, stop - start) if own is not None else data.values(start, stop)
+
+    def read_rows(self, data: Strings, start: int, stop: int, read: Reader, scratch: Scratch) -> Any:
+        return _read_strings(read, data, start, stop, scratch.array)
 
     def subset(self, parts: Sequence[tuple[Strings, np.ndarray]]) -> Strings:
         taken = [data.take(rows) for data, rows in parts]
@@ -427,7 +494,16 @@ class StringKind(_ValuesKind):
         valid = None if all(t.valid is None for t in taken) else np.concatenate(valids)
         return Strings(joined.offsets, memoryview(joined.values), valid, taken[0].text)
 
-    def fill(self, block: np.ndarray, at: int, data: Strings, rows: np.ndarray) -> np.ndarray:
+    def fill(
+        self, block: np.ndarray, at: int, data: Strings, rows: np.ndarray, read: Reader | None = None
+    ) -> np.ndarray:
+        ranges = row_ranges(rows) if read is not None else None
+        if ranges is not None:
+            owns = [_read_strings(read, data, a, b) for a, b in ranges]
+            if all(o is not None for o in owns):
+                values = itertools.chain.from_iterable(o.values(0, len(o.offsets) - 1) for o in owns)
+                block[at : at + len(rows)] = np.fromiter(values, dtype=object, count=len(rows))
+                return block
         block[at : at + len(rows)] = np.fromiter(data.values_at(rows), dtype=object, count=len(rows))
         return block
 
@@ -440,13 +516,15 @@ class NullKind(_ValuesKind):
     def prepare(self, chunk: Column) -> int:
         return chunk.length
 
-    def slice(self, data: int, start: int, stop: int) -> list[Any]:
+    def slice(self, data: int, start: int, stop: int, read: Reader | None = None) -> list[Any]:
         return [None] * (stop - start)
 
     def subset(self, parts: Sequence[tuple[int, np.ndarray]]) -> int:
         return sum(len(rows) for _, rows in parts)
 
-    def fill(self, block: np.ndarray, at: int, data: int, rows: np.ndarray) -> np.ndarray:
+    def fill(
+        self, block: np.ndarray, at: int, data: int, rows: np.ndarray, read: Reader | None = None
+    ) -> np.ndarray:
         block[at : at + len(rows)] = None
         return block
 
@@ -470,7 +548,7 @@ class ObjectKind(_ValuesKind):
     def prepare(self, chunk: pa.Array) -> pa.Array:
         return chunk
 
-    def slice(self, data: pa.Array, start: int, stop: int) -> list[Any]:
+    def slice(self, data: pa.Array, start: int, stop: int, read: Reader | None = None) -> list[Any]:
         return data.slice(start, stop - start).to_pylist()
 
     def subset(self, parts: Sequence[tuple[pa.Array, np.ndarray]]) -> pa.Array:
@@ -485,7 +563,9 @@ class ObjectKind(_ValuesKind):
 
         return pa.concat_arrays(taken, memory_pool=loader_memory_pool())
 
-    def fill(self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray) -> np.ndarray:
+    def fill(
+        self, block: np.ndarray, at: int, data: pa.Array, rows: np.ndarray, read: Reader | None = None
+    ) -> np.ndarray:
         from loaders.take import take_rows
 
         ranges = row_ranges(rows)
@@ -527,6 +607,45 @@ def row_ranges(rows: np.ndarray) -> list[tuple[int, int]] | None:
     return [(a, a + (e - s)) for a, s, e in zip(first, starts, stops)]
 
 
+def _read_ranges(read: Reader, data: np.ndarray, rows: np.ndarray, dest: np.ndarray) -> bool:
+    """Copy rows ``rows`` of ``data`` into ``dest`` range by range with ``read``; False
+    (``dest`` left to the caller) when they are not ranges or not in the reader's file."""
+    ranges = row_ranges(rows)
+    if ranges is None:
+        return False
+    at = 0
+    for a, b in ranges:
+        if not read(data[a:b], dest[at : at + b - a]):
+            return False
+        at += b - a
+    return True
+
+
+def _read_ragged(read: Reader, piece: Ragged, empty: Callable[..., np.ndarray] = np.empty) -> Ragged | None:
+    """``piece`` (consecutive rows) with its values copied with ``read`` into an array
+    from ``empty`` (None if it cannot)."""
+    first, last = int(piece.offsets[0]), int(piece.offsets[-1])
+    view = piece.values[first:last]
+    values = empty(view.shape, view.dtype)
+    if len(view) and not read(view, values):
+        return None
+    return Ragged(piece.offsets.astype(np.int64) - first, values)
+
+
+def _read_strings(
+    read: Reader, data: Strings, start: int, stop: int, empty: Callable[..., np.ndarray] = np.empty
+) -> Strings | None:
+    """Rows ``[start, stop)`` of ``data`` with their bytes copied with ``read`` into an
+    array from ``empty`` (None if it cannot)."""
+    offsets = data.offsets[start : stop + 1]
+    first, last = int(offsets[0]), int(offsets[-1])
+    raw = empty((last - first,), np.dtype(np.uint8))
+    if last > first and not read(np.frombuffer(data.data, dtype=np.uint8)[first:last], raw):
+        return None
+    valid = None if data.valid is None else data.valid[start:stop]
+    return Strings(offsets.astype(np.int64) - first, memoryview(raw), valid, data.text)
+
+
 def _numeric_shape(typ: FieldType) -> tuple[int, ...] | None:
     """Trailing shape when ``typ`` is numbers (or fixed-size lists of them), else None."""
     if typ.id in ("int", "float", "bool", "temporal"):
@@ -562,7 +681,15 @@ def _null_fill(dtype: np.dtype) -> float | bool | int:
 def _tensor(piece: np.ndarray) -> torch.Tensor:
     """A tensor that owns its memory: a view (of a shard, of an Arrow buffer) is copied once;
     in a DataLoader worker, every piece is copied once, into shared memory (see :func:`_empty`)."""
-    owned = piece.base is None and piece.flags.writeable and piece.flags.c_contiguous
+    base = piece.base
+    if (
+        isinstance(base, torch.Tensor)
+        and piece.flags.c_contiguous
+        and base.data_ptr() == piece.ctypes.data
+        and tuple(base.shape) == piece.shape
+    ):
+        return base  # the whole of a tensor made for this piece (NumericKind.slice)
+    owned = base is None and piece.flags.writeable and piece.flags.c_contiguous
     if owned and get_worker_info() is None:
         return torch.from_numpy(piece)
     out = _empty(piece.shape, piece.dtype)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cachetier.errors import BadInputError
-from loaders.columns import Kind, RaggedKind, kind_of, lengths_key
+from cachetier.pages import FileMapping
+from loaders.columns import Kind, RaggedKind, Reader, Scratch, kind_of, lengths_key, row_ranges
 from loaders.ipcview import Column, IpcFile, UnsupportedIpc, column_from_arrow, field_type_from_arrow
 
 if TYPE_CHECKING:
@@ -49,6 +50,11 @@ _DISAGREE = "shards of one version disagree on their columns"
 #: order, and while gathering: rows picked at random touch whole pages, so a block of
 #: 2048 rows would map several times its own size).
 DROP_BYTES = 1 << 20
+#: A gather copies the rows of a chunk in pieces that span at most this many bytes of it.
+_PIECE_BYTES = 256 << 10
+#: Rows of a piece spread over more than this many times their number are gathered
+#: through the mapping; denser ones are copied out whole first (with the shard's reader).
+_SPREAD = 8
 
 
 def select_columns(table: pa.Table, columns: Sequence[str] | None, shard_id: str) -> pa.Table:
@@ -79,6 +85,9 @@ class DecodedShard:
 
     kept: np.ndarray | None = None
     _drop: Callable[[], None] | None = None
+    #: copies rows' values from the shard's file instead of its mapping (see
+    #: :data:`loaders.columns.Reader`); None where the records are not in a file mapping
+    read: Reader | None = None
 
     def __init__(
         self,
@@ -100,6 +109,13 @@ class DecodedShard:
         self.rows = int(sum(lengths))
         #: mean bytes per record of the selected columns
         self.row_bytes = nbytes / max(1, self.rows)
+        #: of which reading rows maps into the process (all but the values a reader copies)
+        self.mapped_row_bytes = self.row_bytes
+        if isinstance(records, IpcFile) and drop_pages is not None:
+            self.read = _file_reader(records.buffer)
+            if self.read is not None:
+                index_bytes = sum(_index_bytes(c) for _, parts in chunks.values() for c in parts)
+                self.mapped_row_bytes = index_bytes / max(1, self.rows)
         self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         self.kinds: dict[str, Kind] = {}
         self.data: dict[str, list[Any]] = {}
@@ -128,7 +144,7 @@ class DecodedShard:
             groups = [(int(chunk[a]), rows[a:b] - self.bounds[chunk[a]]) for a, b in itertools.pairwise(cuts)]
         out = object.__new__(DecodedShard)
         out.index, out.rows, out.kinds, out.kept = self.index, len(rows), self.kinds, rows
-        out.row_bytes = self.row_bytes
+        out.row_bytes = out.mapped_row_bytes = self.row_bytes
         out.bounds = np.array([0, len(rows)], dtype=np.int64)
         out.data = {
             name: [kind.subset([(self.data[name][c], local) for c, local in groups])]
@@ -208,6 +224,37 @@ def _table_columns(table: pa.Table) -> tuple[list[str], _Chunks, list[int], int]
     return table.column_names, chunks, lengths, table.nbytes
 
 
+def _file_reader(buffer: memoryview) -> Reader | None:
+    """A :data:`~loaders.columns.Reader` for views of ``buffer`` when it lies in a
+    :class:`~cachetier.pages.FileMapping` (a RAM-tier file), else None."""
+    mapping = buffer.obj
+    if not isinstance(mapping, FileMapping) or mapping.closed:
+        return None
+    first = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    # where the mapping (the file's byte 0) starts: the buffer is a slice of it
+    with memoryview(mapping) as whole:
+        base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
+    end = base + len(mapping)
+    assert base <= first <= end
+
+    def read(view: np.ndarray, out: np.ndarray) -> bool:
+        address = view.__array_interface__["data"][0]
+        if not (base <= address and address + view.nbytes <= end and view.flags.c_contiguous):
+            return False
+        mapping.read_into(address - base, memoryview(out).cast("B"))
+        return True
+
+    return read
+
+
+def _index_bytes(column: Column | Any) -> int:
+    """Bytes of a column's offsets and validity (what is read in place), children included."""
+    if not isinstance(column, Column):
+        return 0
+    own = sum(a.nbytes for a in (column.valid, column.offsets) if a is not None)
+    return own + (_index_bytes(column.child) if column.child is not None else 0)
+
+
 def _column_bytes(column: Column) -> int:
     """Bytes of a column's buffers (its values, offsets and children)."""
     own = sum(a.nbytes for a in (column.values, column.offsets) if a is not None)
@@ -239,7 +286,7 @@ def slice_rows(shard: DecodedShard, start: int, stop: int) -> tuple[dict[str, Ki
     pieces = {}
     for name, kind in shard.kinds.items():
         data = shard.data[name]
-        pieces[name] = kind.concat([kind.slice(data[c], a, b) for c, a, b in spans])
+        pieces[name] = kind.concat([kind.slice(data[c], a, b, shard.read) for c, a, b in spans])
     return shard.kinds, pieces
 
 
@@ -252,13 +299,23 @@ class GatheredRows:
     records are copied chunk by chunk (one call per chunk and column), so the block is
     in chunk order; ``where`` maps each position to its row of the block. ``spare``
     holds the blocks of an earlier instance, reused when they fit. The pages gathered
-    from are unmapped every ``drop_bytes`` of records.
+    from are unmapped every ``drop_bytes`` of records read through a mapping.
+
+    From a shard with a reader (:attr:`DecodedShard.read`), ranges of consecutive rows
+    are copied into the blocks with it, and rows spread over a range (those of one
+    DataLoader worker, say) are copied out with their neighbours into ``scratch`` and
+    gathered from there: no page of their values is mapped.
     """
 
     def __init__(
-        self, rows: int, spare: Mapping[str, Any] | None = None, drop_bytes: float = DROP_BYTES
+        self,
+        rows: int,
+        spare: Mapping[str, Any] | None = None,
+        drop_bytes: float = DROP_BYTES,
+        scratch: Scratch | None = None,
     ) -> None:
         self.rows = rows
+        self.scratch = scratch or Scratch()
         self.drop_bytes = drop_bytes
         self.kinds: dict[str, Kind] | None = None
         self.blocks: dict[str, Any] = {}
@@ -290,16 +347,18 @@ class GatheredRows:
                 if shard.index not in checked:
                     _check_same_columns(kinds, shard)
                     checked.add(shard.index)
-                # rows are in address order: gathered a MiB of records at a time, the pages
-                # behind each piece go before the next piece maps its own
-                step = max(1, int(self.drop_bytes / max(shard.row_bytes, 1.0)))
-                for a in range(0, len(local), step):
-                    piece = local[a : a + step]
-                    for name, kind in kinds.items():
-                        self.blocks[name] = kind.fill(self.blocks[name], at, shard.data[name][c], piece)
+                # rows are in address order: pieces of consecutive address ranges, the pages
+                # mapped behind each let go of before the next maps its own
+                span = max(1, int(_PIECE_BYTES / max(shard.row_bytes, 1.0)))
+                a = 0
+                while a < len(local):
+                    b = a + int(np.searchsorted(local[a:], local[a] + span))
+                    piece = local[a:b]
+                    mapped = self._fill(shard, c, at, piece)
                     at += len(piece)
                     self._touched[shard.index] = shard
-                    self._passed += len(piece) * shard.row_bytes
+                    self._passed += len(piece) * (shard.row_bytes if mapped else shard.mapped_row_bytes)
+                    a = b
                     if self._passed >= self.drop_bytes:  # the rows are copies now: unmap their pages
                         self.drop_pages()
         except (ValueError, TypeError) as e:  # pyarrow's ArrowInvalid and ArrowTypeError among them
@@ -310,6 +369,26 @@ class GatheredRows:
         else:
             self.where[base + order] = np.arange(base, base + n)
         self._filled += n
+
+    def _fill(self, shard: DecodedShard, c: int, at: int, piece: np.ndarray) -> bool:
+        """Copy rows ``piece`` of chunk ``c`` to the blocks from row ``at``; True when
+        their values were read through the shard's mapping."""
+        assert self.kinds is not None
+        read, blocks = shard.read, self.blocks
+        first, last = int(piece[0]), int(piece[-1]) + 1
+        ranges = read is not None and row_ranges(piece) is not None
+        if read is not None and not ranges and last - first <= _SPREAD * len(piece):
+            for name, kind in self.kinds.items():
+                data = shard.data[name][c]
+                copy = kind.read_rows(data, first, last, read, self.scratch)
+                if copy is None:
+                    blocks[name] = kind.fill(blocks[name], at, data, piece)
+                else:
+                    blocks[name] = kind.fill(blocks[name], at, copy, piece - first)
+            return False
+        for name, kind in self.kinds.items():
+            blocks[name] = kind.fill(blocks[name], at, shard.data[name][c], piece, read)
+        return not ranges
 
     def finish(self) -> GatheredRows:
         """Close the blocks once every position is in (returns self)."""

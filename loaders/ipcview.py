@@ -559,6 +559,11 @@ class IpcFile:
         self._has_views = any(lay.views for lay in self._layouts[: self._located])
         self._static_starts = None if self._has_views else self._starts(np.zeros(0, np.int64))
 
+    @property
+    def buffer(self) -> memoryview:
+        """The buffer the file was opened from (as bytes), which its columns are views of."""
+        return self._mv
+
     def _starts(self, variadic: np.ndarray) -> list[tuple[int, int]]:
         """(first node, first buffer) of each locatable field, given a batch's variadic counts."""
         starts = []

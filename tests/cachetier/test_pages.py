@@ -1,16 +1,20 @@
 """Reads in place from the SSD and RAM tiers leave no pages mapped in the reader's RSS,
-and what was read stays readable (and unchanged) after its pages are dropped."""
+and what was read stays readable (and unchanged) after its pages are dropped; ranges
+copied out of a RAM-tier mapping with ``pread`` map nothing."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import mmap
 import os
 from pathlib import Path
 
+import pytest
+
 from cachetier._frame import _STEP, frame_header, open_frame
 from cachetier.lmdbtier import LmdbTier, SharedEnv
-from cachetier.pages import drop_mapping, drop_view
+from cachetier.pages import FileMapping, drop_mapping, drop_view
 from cachetier.ramtier import RamTier
 
 VALUE = 8 << 20
@@ -86,3 +90,47 @@ def test_checking_a_mapped_frame_holds_one_step_of_its_pages_at_a_time(shm_dir: 
     damaged = bytearray(frame_header(payload) + payload)
     damaged[-1] ^= 1
     assert open_frame(damaged, release=lambda step: None) is None
+
+
+def _opened(fd: int, path: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    except OSError:
+        return False
+
+
+def test_a_file_mapping_copies_ranges_out_without_mapping_them(shm_dir: Path) -> None:
+    shm_dir.mkdir()
+    path = shm_dir / "value"  # tmpfs, as the RAM tier
+    data = os.urandom(VALUE)
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        mapping = FileMapping.open(f.fileno(), VALUE)
+    assert _opened(mapping.fd, path)  # a file of its own: the caller's is closed
+    out = bytearray(VALUE - 4097)
+    mapping.read_into(4097, memoryview(out))
+    assert out == data[4097:]
+    assert resident(str(path)) == 0  # nothing was mapped to copy it
+    assert mapping[5:9] == data[5:9]  # and it is a mapping all the same
+    with pytest.raises(OSError, match="file ends"):
+        mapping.read_into(VALUE - 10, memoryview(bytearray(20)))
+    fd = mapping.fd
+    mapping.close()
+    assert not _opened(fd, path)
+    with open(path, "rb") as f:
+        dropped = FileMapping.open(f.fileno(), VALUE)
+    fd = dropped.fd
+    del dropped
+    gc.collect()
+    assert not _opened(fd, path)  # collected without close(): the file is closed too
+
+
+def test_the_ram_tier_hands_out_file_mappings(tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    tier = RamTier(tmp_path / "ram", budget=32 << 20)
+    tier.put("v", data)
+    view = tier.view("v")
+    assert view is not None and isinstance(view.obj, FileMapping)
+    out = bytearray(100)
+    view.obj.read_into(len(view.obj) - len(data) + 1000, memoryview(out))  # the payload ends the file
+    assert out == data[1000:1100]

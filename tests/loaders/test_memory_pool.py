@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import gc
+import mmap
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from cachetier.pages import FileMapping
 from loaders import ArrowFileSource, StreamingDataLoader, StreamingDataset
 from loaders.columns import NumericKind, RaggedKind, StringKind
-from loaders.ipcview import column_from_arrow
+from loaders.decoded import DecodedShard, GatheredRows, batch_from_pieces, slice_rows
+from loaders.ipcview import column_from_arrow, open_ipc_file
 from loaders.source import loader_memory_pool
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -127,3 +130,63 @@ def test_a_ragged_block_is_joined_into_the_room_of_the_block_before():
     bigger = block(np.arange(2000), spare=smaller)
     assert _mapping_at(bigger.values.ctypes.data) == ""  # a mapping of its own, with room
     assert bigger.values.ctypes.data != first.values.ctypes.data
+
+
+def _mapped_pages(view: memoryview) -> int:
+    """Pages of ``view`` that are mapped into this process now (the present bit of
+    /proc/self/pagemap, readable without privileges)."""
+    start = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    first, last = start // mmap.PAGESIZE, (start + view.nbytes - 1) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = np.frombuffer(pagemap.read((last - first + 1) * 8), dtype=np.uint64)
+    return int(np.count_nonzero(entries >> np.uint64(63)))
+
+
+@pytest.mark.parametrize("rows", ["in order", "all gathered", "half gathered", "a tenth gathered"])
+def test_rows_read_from_a_mapped_decoded_file_map_none_of_their_values(tmp_path, rows):
+    # 4,000 records of 2 KB of tokens and 1 KB of text: 12 MB of values in 3,000 pages
+    n, rng = 4000, np.random.default_rng(3)
+    table = pa.table(
+        {
+            "id": np.arange(n),
+            "tokens": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.integers(0, 9, n * 512, dtype=np.int32)), 512
+            ),
+            "text": pa.array([f"{i:06d}" + "t" * (1000 + i % 40) for i in range(n)]),
+        }
+    )
+    path = tmp_path / "decoded.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    with open(path, "rb") as f:
+        mapping = FileMapping.open(f.fileno(), path.stat().st_size)
+    whole = memoryview(mapping)
+    shard = DecodedShard(0, "s", open_ipc_file(whole), drop_pages=lambda: None)
+    assert shard.read is not None
+    before = _mapped_pages(whole)
+    order = rng.permutation(n)
+    chosen = {"all gathered": order, "half gathered": order[: n // 2], "a tenth gathered": order[::10]}
+    if rows == "in order":
+        parts = [slice_rows(shard, a, min(n, a + 64)) for a in range(0, n, 64)]
+        got = [int(v) for kinds, piece in parts for v in batch_from_pieces(kinds, [piece])["id"]]
+        assert got == list(range(n))
+        texts = [t for kinds, piece in parts[:2] for t in batch_from_pieces(kinds, [piece])["text"]]
+        assert texts == table["text"].to_pylist()[:128]
+    else:
+        wanted = chosen[rows]
+        gathered = GatheredRows(len(wanted))
+        gathered.add({0: shard}, 0, wanted)
+        kinds, piece = gathered.finish().take(0, len(wanted))
+        batch = batch_from_pieces(kinds, [piece])
+        assert batch["id"].tolist() == wanted.tolist()
+        assert batch["tokens"][:, :3].tolist() == [
+            table["tokens"][int(i)].values[:3].to_pylist() for i in wanted
+        ]
+    mapped = _mapped_pages(whole) - before
+    total = len(mapping) // mmap.PAGESIZE
+    if rows == "a tenth gathered":  # rows too far apart to copy out with their neighbours
+        assert mapped > total // 2
+    else:  # offsets (16 KB) and what the kernel maps around them (64 KiB a fault)
+        assert mapped < 200, f"{mapped} of {total} pages mapped"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from cachetier.config import CacheConfig
 from cachetier.errors import IntegrityError
+from cachetier.pages import FileMapping
 from datastore import Repo
 from datastore.files import FILES_SCHEMA
 from datastore.source import _read_shard_index, decode_shard_index
@@ -242,6 +244,8 @@ def test_a_decoded_file_gives_the_batches_its_arrow_table_gives(names, sizes, nu
     buffer = sink.getvalue()
     by_view = DecodedShard(0, "s", open_ipc_file(memoryview(buffer)))
     by_arrow = DecodedShard(0, "s", pa.Table.from_batches(batches, schema))
+    by_file = _from_mapped_file(buffer)
+    assert by_file.read is not None
     rows = by_arrow.rows
     assert by_view.rows == rows
     if rows:  # (an empty table keeps one empty chunk, the file none: neither is ever read)
@@ -251,23 +255,40 @@ def test_a_decoded_file_gives_the_batches_its_arrow_table_gives(names, sizes, nu
         return
     start = data.draw(st.integers(0, rows - 1))
     stop = data.draw(st.integers(start + 1, rows))
-    (view_kinds, view_piece), (arrow_kinds, arrow_piece) = (
-        slice_rows(s, start, stop) for s in (by_view, by_arrow)
-    )
-    _same(batch_from_pieces(view_kinds, [view_piece]), batch_from_pieces(arrow_kinds, [arrow_piece]))
-    view_samples = samples_from_pieces(view_kinds, [view_piece])
-    assert _as_lists(view_samples) == _as_lists(samples_from_pieces(arrow_kinds, [arrow_piece]))
+    (arrow_kinds, arrow_piece), *others = (slice_rows(s, start, stop) for s in (by_arrow, by_view, by_file))
+    expected = batch_from_pieces(arrow_kinds, [arrow_piece])
+    expected_samples = _as_lists(samples_from_pieces(arrow_kinds, [arrow_piece]))
+    for kinds, piece in others:
+        _same(batch_from_pieces(kinds, [piece]), expected)
+        assert _as_lists(samples_from_pieces(kinds, [piece])) == expected_samples
     picked = np.array(data.draw(st.permutations(range(rows))), dtype=np.int64)
-    gathered = []
-    for shard in (by_view, by_arrow):
-        block = GatheredRows(rows)
-        block.add({0: shard}, 0, picked)
-        kinds, piece = block.finish().take(0, rows)
-        gathered.append(batch_from_pieces(kinds, [piece]))
-    _same(*gathered)
+    # every row (ranges of rows), half of them (spread rows), a tenth (sparse rows)
+    for chosen in (picked, picked[: max(1, rows // 2)], picked[:: max(1, rows // 10)]):
+        gathered = []
+        for shard in (by_arrow, by_view, by_file):
+            block = GatheredRows(len(chosen))
+            block.add({0: shard}, 0, chosen)
+            kinds, piece = block.finish().take(0, len(chosen))
+            gathered.append(batch_from_pieces(kinds, [piece]))
+        for other in gathered[1:]:
+            _same(other, gathered[0])
     kept = np.sort(picked[: max(1, rows // 2)])
-    cut = [slice_rows(s.subset(kept), 0, len(kept)) for s in (by_view, by_arrow)]
-    _same(*(batch_from_pieces(kinds, [piece]) for kinds, piece in cut))
+    (arrow_kinds, arrow_piece), *cut = (
+        slice_rows(s.subset(kept), 0, len(kept)) for s in (by_arrow, by_view, by_file)
+    )
+    for kinds, piece in cut:
+        _same(batch_from_pieces(kinds, [piece]), batch_from_pieces(arrow_kinds, [arrow_piece]))
+
+
+def _from_mapped_file(buffer: pa.Buffer, header: int = 64) -> DecodedShard:
+    """A shard read as the RAM tier's decoded file is: an IPC file ``header`` bytes into a
+    :class:`~cachetier.pages.FileMapping` (so its reader copies rows with ``pread``)."""
+    with tempfile.TemporaryFile() as f:
+        f.write(b"h" * header)
+        f.write(memoryview(buffer))
+        f.flush()
+        mapping = FileMapping.open(f.fileno(), header + buffer.size)
+    return DecodedShard(0, "s", open_ipc_file(memoryview(mapping)[header:]), drop_pages=lambda: None)
 
 
 def test_the_loader_knows_the_files_layout_without_pyarrow():
