@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +51,9 @@ _DISAGREE = "shards of one version disagree on their columns"
 #: order, and while gathering: rows picked at random touch whole pages, so a block of
 #: 2048 rows would map several times its own size).
 DROP_BYTES = 1 << 20
+#: Columns whose values take at least this many bytes a record are copied out with the
+#: shard's reader (one ``pread`` a range); narrower ones are read in place.
+_READ_ROW_BYTES = 64
 #: A gather copies the rows of a chunk in pieces that span at most this many bytes of it.
 _PIECE_BYTES = 256 << 10
 #: Rows of a piece spread over more than this many times their number are gathered
@@ -85,9 +89,9 @@ class DecodedShard:
 
     kept: np.ndarray | None = None
     _drop: Callable[[], None] | None = None
-    #: copies rows' values from the shard's file instead of its mapping (see
-    #: :data:`loaders.columns.Reader`); None where the records are not in a file mapping
-    read: Reader | None = None
+    #: per column, what copies rows' values from the shard's file instead of its mapping
+    #: (:data:`loaders.columns.Reader`): for the wide columns of records in a file mapping
+    reads: Mapping[str, Reader] = MappingProxyType({})
 
     def __init__(
         self,
@@ -111,11 +115,20 @@ class DecodedShard:
         self.row_bytes = nbytes / max(1, self.rows)
         #: of which reading rows maps into the process (all but the values a reader copies)
         self.mapped_row_bytes = self.row_bytes
-        if isinstance(records, IpcFile) and drop_pages is not None:
-            self.read = _file_reader(records.buffer)
-            if self.read is not None:
-                index_bytes = sum(_index_bytes(c) for _, parts in chunks.values() for c in parts)
-                self.mapped_row_bytes = index_bytes / max(1, self.rows)
+        read = (
+            _file_reader(records.buffer) if isinstance(records, IpcFile) and drop_pages is not None else None
+        )
+        if read is not None:
+            mapped = 0
+            for name, (_, parts) in chunks.items():
+                index = sum(_index_bytes(c) for c in parts)
+                values = sum(_column_bytes(c) for c in parts) - index
+                if values >= _READ_ROW_BYTES * self.rows:
+                    self.reads = {**self.reads, name: read}
+                    mapped += index
+                else:  # a few bytes a record: read in place, its pages serve many records
+                    mapped += index + values
+            self.mapped_row_bytes = mapped / max(1, self.rows)
         self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         self.kinds: dict[str, Kind] = {}
         self.data: dict[str, list[Any]] = {}
@@ -144,7 +157,7 @@ class DecodedShard:
             groups = [(int(chunk[a]), rows[a:b] - self.bounds[chunk[a]]) for a, b in itertools.pairwise(cuts)]
         out = object.__new__(DecodedShard)
         out.index, out.rows, out.kinds, out.kept = self.index, len(rows), self.kinds, rows
-        out.row_bytes = out.mapped_row_bytes = self.row_bytes
+        out.row_bytes = out.mapped_row_bytes = self.row_bytes  # copies: nothing is mapped
         out.bounds = np.array([0, len(rows)], dtype=np.int64)
         out.data = {
             name: [kind.subset([(self.data[name][c], local) for c, local in groups])]
@@ -286,7 +299,8 @@ def slice_rows(shard: DecodedShard, start: int, stop: int) -> tuple[dict[str, Ki
     pieces = {}
     for name, kind in shard.kinds.items():
         data = shard.data[name]
-        pieces[name] = kind.concat([kind.slice(data[c], a, b, shard.read) for c, a, b in spans])
+        read = shard.reads.get(name)
+        pieces[name] = kind.concat([kind.slice(data[c], a, b, read) for c, a, b in spans])
     return shard.kinds, pieces
 
 
@@ -371,24 +385,28 @@ class GatheredRows:
         self._filled += n
 
     def _fill(self, shard: DecodedShard, c: int, at: int, piece: np.ndarray) -> bool:
-        """Copy rows ``piece`` of chunk ``c`` to the blocks from row ``at``; True when
-        their values were read through the shard's mapping."""
+        """Copy rows ``piece`` of chunk ``c`` to the blocks from row ``at``; True when the
+        values of a column with a reader were read through the shard's mapping."""
         assert self.kinds is not None
-        read, blocks = shard.read, self.blocks
+        blocks, reads = self.blocks, shard.reads
         first, last = int(piece[0]), int(piece[-1]) + 1
-        ranges = read is not None and row_ranges(piece) is not None
-        if read is not None and not ranges and last - first <= _SPREAD * len(piece):
-            for name, kind in self.kinds.items():
-                data = shard.data[name][c]
-                copy = kind.read_rows(data, first, last, read, self.scratch)
-                if copy is None:
-                    blocks[name] = kind.fill(blocks[name], at, data, piece)
-                else:
-                    blocks[name] = kind.fill(blocks[name], at, copy, piece - first)
-            return False
+        ranges = bool(reads) and row_ranges(piece) is not None
+        near = last - first <= _SPREAD * len(piece)
+        mapped = False
         for name, kind in self.kinds.items():
-            blocks[name] = kind.fill(blocks[name], at, shard.data[name][c], piece, read)
-        return not ranges
+            data, read = shard.data[name][c], reads.get(name)
+            if read is not None and ranges:  # each range straight into the block
+                blocks[name] = kind.fill(blocks[name], at, data, piece, read)
+                continue
+            copy = (
+                kind.read_rows(data, first, last, read, self.scratch) if read is not None and near else None
+            )
+            if copy is not None:  # spread rows: copied out with their neighbours, gathered from there
+                blocks[name] = kind.fill(blocks[name], at, copy, piece - first)
+            else:
+                blocks[name] = kind.fill(blocks[name], at, data, piece)
+                mapped = mapped or read is not None
+        return mapped
 
     def finish(self) -> GatheredRows:
         """Close the blocks once every position is in (returns self)."""
