@@ -30,7 +30,7 @@ import os
 import weakref
 from typing import Any
 
-__all__ = ["FileMapping", "drop_mapping", "drop_view"]
+__all__ = ["FileMapping", "drop_mapping", "drop_range", "drop_view", "mapped_range"]
 
 _DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -91,11 +91,38 @@ def drop_view(view: Any) -> None:
     import numpy as np  # only here: the CLI's start-up does not need numpy
 
     array = np.frombuffer(view, dtype=np.uint8)
-    start = array.ctypes.data
-    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (start + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    drop_range(array.ctypes.data, array.nbytes)
+
+
+def drop_range(address: int, nbytes: int) -> None:
+    """Unmap the whole pages inside ``nbytes`` bytes from ``address`` from this process.
+
+    The range must lie in shared file mappings (see the module docstring); the pages at
+    its two ends that it shares with neighbouring data are kept.
+    """
+    if _DONTNEED is None:
+        return
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (address + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
     if last > first:
         _madvise()(first, last - first, _DONTNEED)
+
+
+def mapped_range(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The addresses ``(start, end)`` of this process's one mapping of file ``path`` (from
+    ``/proc/self/maps``), or None when it has none, several, or the platform says nothing."""
+    target = os.fsdecode(os.path.abspath(path))
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n") == target:
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    found.append((start, end))
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 @functools.cache

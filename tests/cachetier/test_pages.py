@@ -10,11 +10,12 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cachetier._frame import _STEP, frame_header, open_frame
 from cachetier.lmdbtier import LmdbTier, SharedEnv
-from cachetier.pages import FileMapping, drop_mapping, drop_view
+from cachetier.pages import FileMapping, drop_mapping, drop_view, mapped_range
 from cachetier.ramtier import RamTier
 
 VALUE = 8 << 20
@@ -134,3 +135,33 @@ def test_the_ram_tier_hands_out_file_mappings(tmp_path: Path) -> None:
     out = bytearray(100)
     view.obj.read_into(len(view.obj) - len(data) + 1000, memoryview(out))  # the payload ends the file
     assert out == data[1000:1100]
+
+
+def test_a_write_transaction_leaves_none_of_the_data_files_pages_mapped(tmp_path: Path) -> None:
+    env = SharedEnv(tmp_path / "env", map_size=64 << 20, budget=32 << 20)
+    with env.write() as txn:
+        for i in range(20_000):  # a B-tree of a few hundred pages
+            txn.put(f"key{i:06d}".encode(), os.urandom(64), db=env.db("stats"))
+    data_file = str(tmp_path / "env" / "data.mdb")
+    with env.read() as txn:
+        assert sum(1 for _ in txn.cursor(db=env.db("stats"))) == 20_000
+    assert resident(data_file) >= 64 << 10  # reading walked the tree through the map...
+    with env.write() as txn:
+        txn.put(b"key000001", b"changed", db=env.db("stats"))
+    assert resident(data_file) == 0  # ...and a write lets go of every page it mapped
+    with env.read() as txn:
+        assert txn.get(b"key000001", db=env.db("stats")) == b"changed"
+
+
+def test_mapped_range_finds_the_one_mapping_of_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (3 * mmap.PAGESIZE))
+    assert mapped_range(path) is None
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    start, end = mapped_range(path)
+    with memoryview(mapping) as view:
+        assert np.frombuffer(view, dtype=np.uint8).ctypes.data == start
+    assert end - start == 3 * mmap.PAGESIZE
+    mapping.close()
+    assert mapped_range(path) is None
