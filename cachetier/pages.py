@@ -41,6 +41,7 @@ class FileMapping(mmap.mmap):
     place. Made by :meth:`open`; the file is closed with the mapping (or when collected)."""
 
     fd: int
+    _closer: weakref.finalize
 
     @classmethod
     def open(cls, fd: int, size: int) -> FileMapping:

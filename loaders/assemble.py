@@ -30,8 +30,8 @@ copied into a batch or a block are copied from the file with ``pread``
 (:data:`loaders.columns.Reader`), so only their offsets and validity (a few bytes a
 record) are read in place, and the values of rows spread thinner than one in eight
 (``loaders.decoded._SPREAD``). Unmapping costs about a microsecond a page here, and pages
-mapped to be copied once counted in the reader's RSS until then: at their peaks a few
-MiB per process, 7 MB in a DataLoader worker gathering spread rows. A reader still
+mapped to be copied once counted in the reader's RSS until then: at their peaks 2.5-3 MB
+in a process, 4-6 MB in a DataLoader worker gathering spread rows. A reader still
 unmaps the pages it has read in place (:meth:`loaders.decoded.DecodedShard.drop_pages`)
 every ``DROP_BYTES`` (1 MiB) of them, and after each gathered block.
 """
