@@ -119,15 +119,16 @@ class DecodedShard:
             _file_reader(records.buffer) if isinstance(records, IpcFile) and drop_pages is not None else None
         )
         if read is not None:
-            mapped = 0
+            reads, mapped = {}, 0
             for name, (_, parts) in chunks.items():
                 index = sum(_index_bytes(c) for c in parts)
                 values = sum(_column_bytes(c) for c in parts) - index
                 if values >= _READ_ROW_BYTES * self.rows:
-                    self.reads = {**self.reads, name: read}
+                    reads[name] = read
                     mapped += index
                 else:  # a few bytes a record: read in place, its pages serve many records
                     mapped += index + values
+            self.reads = reads
             self.mapped_row_bytes = mapped / max(1, self.rows)
         self.bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         self.kinds: dict[str, Kind] = {}
@@ -315,7 +316,7 @@ class GatheredRows:
     holds the blocks of an earlier instance, reused when they fit. The pages gathered
     from are unmapped every ``drop_bytes`` of records read through a mapping.
 
-    From a shard with a reader (:attr:`DecodedShard.read`), ranges of consecutive rows
+    From a shard with readers (:attr:`DecodedShard.reads`), ranges of consecutive rows
     are copied into the blocks with it, and rows spread over a range (those of one
     DataLoader worker, say) are copied out with their neighbours into ``scratch`` and
     gathered from there: no page of their values is mapped.
