@@ -19,6 +19,7 @@ string and other object columns.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -242,8 +243,8 @@ def _file_reader(buffer: memoryview) -> Reader | None:
     """A :data:`~loaders.columns.Reader` for views of ``buffer`` when it lies in a
     :class:`~cachetier.pages.FileMapping` (a RAM-tier file), else None."""
     mapping = buffer.obj
-    if not isinstance(mapping, FileMapping) or mapping.closed:
-        return None
+    if not isinstance(mapping, FileMapping) or mapping.closed or not hasattr(os, "preadv"):
+        return None  # (no preadv: a platform where only the mapping is read)
     first = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
     # where the mapping (the file's byte 0) starts: the buffer is a slice of it
     with memoryview(mapping) as whole:
