@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import numbers
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -362,10 +363,13 @@ class StreamingDataset(IterableDataset):
         return self._ranks if self._ranks is not None else World.detect_ranks()
 
     def _next_spec(self) -> _Spec:
-        if self._channel is not None and get_worker_info() is not None:  # a persistent worker
+        worker = get_worker_info()
+        if self._channel is not None and worker is not None:  # a persistent worker
             return _Spec.from_ints(self._channel[:], self.records)
         if self._loader_spec is not None:
             return self._loader_spec
+        if worker is not None and self._progress is not None and not self._progress.complete:
+            _warn_read_ahead_lost(worker.id)
         block, drop_last = self._default_block()
         return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
 
@@ -535,6 +539,21 @@ def _views_hold(schema: Sequence[Field] | None, columns: Sequence[str] | None) -
         return True
     wanted = set(columns) if columns is not None else {f.name for f in schema if not f.name.startswith("__")}
     return not any(kind_of(f.type).arrow for f in schema if f.name in wanted)
+
+
+def _warn_read_ahead_lost(worker: int) -> None:
+    """Say that a persistent worker of another loader starts over an iteration it left:
+    it cannot know which of the batches it read ahead were delivered (only the training
+    process does), so it goes on after them and they are never delivered."""
+    warnings.warn(
+        f"DataLoader worker {worker}: a new iteration began before the last one ended; a "
+        "persistent worker cannot tell which of the batches it read ahead (prefetch_factor) "
+        "were delivered, so it goes on after them and skips them. For an exact continuation "
+        "use loaders.StreamingDataLoader, or call loader.load_state_dict(loader.state_dict()) "
+        "before iterating again (torchdata's StatefulDataLoader)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _worker_skip(spec: _Spec, world: World) -> int:

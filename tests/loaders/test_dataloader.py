@@ -265,6 +265,47 @@ def test_works_under_torchdata_stateful_dataloader(source, total_records, num_wo
     assert sorted(before + after) == list(range(total_records))
 
 
+_BREAK_THEN_ITERATE_AGAIN = """
+import sys
+from torchdata.stateful_dataloader import StatefulDataLoader
+from loaders import StreamingDataset
+from tests.loaders._shards import IpcShardSource
+ds = StreamingDataset(IpcShardSource.from_folder(sys.argv[1]), shuffle=True, batch_size=8)
+loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+for k, _ in enumerate(loader):
+    if k == 4:
+        break
+next(iter(loader))
+"""
+
+
+def test_a_persistent_worker_of_another_loader_says_when_a_break_loses_its_read_ahead(shard_folder):
+    # Only the training process knows which read-ahead batches were delivered: a
+    # persistent worker iterated again after a break says so on stderr, once per worker.
+    out = subprocess.run(
+        [sys.executable, "-c", _BREAK_THEN_ITERATE_AGAIN, str(shard_folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("a new iteration began before the last one ended") == 2, out.stderr[-3000:]
+
+
+def test_stateful_dataloader_persistent_workers_continue_exactly_from_their_own_state(source, total_records):
+    ds = StreamingDataset(source, shuffle=True, seed=2, batch_size=8)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    before = ids_of(take(it, 5))
+    del it
+    loader.load_state_dict(loader.state_dict())
+    after = ids_of(loader)
+    assert sorted(before + after) == list(range(total_records))
+    assert len(before + after) == total_records
+    del loader  # stops the persistent workers now
+
+
 def test_stateful_dataloader_in_per_sample_mode(source, total_records):
     def make():
         ds = StreamingDataset(source, columns=["id", "tokens"], shuffle=True)
