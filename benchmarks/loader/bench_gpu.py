@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,67 @@ def large_batches(device: torch.device, repeats: int, steps: int = 100) -> dict[
     return {name: rates[1:] for name, rates in out.items()}
 
 
+#: Batches of small tensors (each under PIN_MIN_BYTES): (shape, dtype) per column.
+SMALL_BATCHES = {
+    "tokens": {
+        "tokens": ((64, TOKENS), torch.int32),
+        "id": ((64,), torch.int64),
+        "length": ((64,), torch.int32),
+        "weight": ((64,), torch.float32),
+    },
+    "wide": {f"c{k}": ((64, 64), torch.float32) for k in range(16)},
+}
+
+
+def small_batches(
+    device: torch.device, repeats: int, steps: int = 400, prefetcher: Any = None
+) -> dict[str, dict[str, list[float]]]:
+    """Host µs per batch of small tensors fed to a near-empty step (a sum of one column).
+
+    The loader's own batches are like ``tokens`` (one 128 KB column and three tiny ones);
+    ``wide`` has 16 columns of 16 KB. Here the copies are short and what counts is what
+    the host spends per batch: ``sync`` is ``.to(device, non_blocking=True)`` for each
+    tensor in the loop, ``prefetcher`` is :class:`~loaders.DevicePrefetcher` (or the class
+    given), ``step only`` the step on a batch already on the device.
+    """
+    if prefetcher is None:
+        from loaders import DevicePrefetcher as prefetcher
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for kind, columns in SMALL_BATCHES.items():
+        host = [{name: torch.ones(shape, dtype=dtype) for name, (shape, dtype) in columns.items()}] * 4
+        first = next(iter(columns))
+        resident = {k: v.to(device) for k, v in host[0].items()}
+
+        def step(batch: dict[str, torch.Tensor], first: str = first) -> None:
+            batch[first].sum()
+
+        def sync(host: list[dict[str, torch.Tensor]] = host) -> Iterator[None]:
+            for i in range(steps):
+                yield step({k: v.to(device, non_blocking=True) for k, v in host[i % 4].items()})
+
+        def ahead(host: list[dict[str, torch.Tensor]] = host) -> Iterator[None]:
+            for batch in prefetcher((host[i % 4] for i in range(steps)), device):
+                yield step(batch)
+
+        def alone(resident: dict[str, torch.Tensor] = resident) -> Iterator[None]:
+            for _ in range(steps):
+                yield step(resident)
+
+        loops = {"sync": sync, "prefetcher": ahead, "step only": alone}
+        cells: dict[str, list[float]] = {name: [] for name in loops}
+        for _ in range(repeats + 1):  # the first round warms up and is dropped
+            for name, loop in loops.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in loop():
+                    pass
+                _sync(device)
+                cells[name].append((time.perf_counter() - t0) / steps * 1e6)
+        out[kind] = {name: values[1:] for name, values in cells.items()}
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every (workers, workload, method) cell, ``args.repeats`` epochs each, interleaved."""
     device = torch.device(args.device)
@@ -206,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "compute_only_samples_per_s": statistics.median(bound),
         "cells": cells,
         "large_steps_per_s": large_batches(device, args.repeats) if device.type == "cuda" else {},
+        "small_us_per_batch": small_batches(device, args.repeats) if device.type == "cuda" else {},
     }
 
 
@@ -238,6 +301,13 @@ def table(result: dict[str, Any]) -> str:
         for name, rates in large.items():
             rate = statistics.median(rates)
             lines.append(f"| {name} | {rate:,.0f} | {rate / bound_steps:.2f} |")
+    small = result.get("small_us_per_batch") or {}
+    if small:
+        lines += ["", "Batches of small tensors, host µs per batch (median):", ""]
+        lines += ["| batch | " + " | ".join(next(iter(small.values()))) + " |", "| --- |" + " --- |" * 3]
+        for kind, cells in small.items():
+            medians = " | ".join(f"{statistics.median(v):.0f}" for v in cells.values())
+            lines.append(f"| {kind} | {medians} |")
     return "\n".join(lines) + "\n"
 
 
