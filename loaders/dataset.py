@@ -368,7 +368,8 @@ class StreamingDataset(IterableDataset):
             return _Spec.from_ints(self._channel[:], self.records)
         if self._loader_spec is not None:
             return self._loader_spec
-        if worker is not None and self._progress is not None and not self._progress.complete:
+        p = self._progress
+        if worker is not None and p is not None and not p.complete and (p.chunks or p.samples):
             _warn_read_ahead_lost(worker.id)
         block, drop_last = self._default_block()
         return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
