@@ -168,16 +168,22 @@ def large_batches(device: torch.device, repeats: int, steps: int = 100) -> dict[
         "prefetcher+pinned": lambda: (step(b) for b in ahead(pinned)),
         "step only": lambda: (step(resident) for _ in range(steps)),
     }
+    return {name: [steps / t for t in times] for name, times in _time_loops(loops, repeats, device).items()}
+
+
+def _time_loops(loops: dict[str, Any], repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds each loop takes to run to its end, ``repeats`` rounds of all of them in turn
+    (after one warm-up round, dropped)."""
     out: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
+    for _ in range(repeats + 1):
         for name, loop in loops.items():
             _sync(device)
             t0 = time.perf_counter()
             for _ in loop():
                 pass
             _sync(device)
-            out[name].append(steps / (time.perf_counter() - t0))
-    return {name: rates[1:] for name, rates in out.items()}
+            out[name].append(time.perf_counter() - t0)
+    return {name: times[1:] for name, times in out.items()}
 
 
 #: Batches of small tensors (each under PIN_MIN_BYTES): (shape, dtype) per column.
@@ -228,16 +234,8 @@ def small_batches(
                 yield step(resident)
 
         loops = {"sync": sync, "prefetcher": ahead, "step only": alone}
-        cells: dict[str, list[float]] = {name: [] for name in loops}
-        for _ in range(repeats + 1):  # the first round warms up and is dropped
-            for name, loop in loops.items():
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in loop():
-                    pass
-                _sync(device)
-                cells[name].append((time.perf_counter() - t0) / steps * 1e6)
-        out[kind] = {name: values[1:] for name, values in cells.items()}
+        times = _time_loops(loops, repeats, device)
+        out[kind] = {name: [t / steps * 1e6 for t in values] for name, values in times.items()}
     return out
 
 
