@@ -99,6 +99,8 @@ class _Progress:
     samples: int = 0
     complete: bool = False
     open: bool = True
+    #: made by a DataLoader worker (not inherited from the process that forked it)
+    in_worker: bool = False
 
     def give_back(self, items: int, *, batches: bool) -> None:
         """Count the last ``items`` items yielded (batches, else samples) as not yielded:
@@ -369,8 +371,8 @@ class StreamingDataset(IterableDataset):
         if self._loader_spec is not None:
             return self._loader_spec
         p = self._progress
-        if worker is not None and p is not None and not p.complete and (p.chunks or p.samples):
-            _warn_read_ahead_lost(worker.id)
+        if p is not None and p.in_worker and not p.complete and (p.chunks or p.samples):
+            _warn_read_ahead_lost(p.world.worker)
         block, drop_last = self._default_block()
         return self._begin(self._detect_ranks(), block, drop_last, by_loader=False)
 
@@ -397,7 +399,8 @@ class StreamingDataset(IterableDataset):
     # -- iteration --------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        if get_worker_info() is not None:  # a DataLoader worker: whatever the source allocates
+        in_worker = get_worker_info() is not None
+        if in_worker:  # a DataLoader worker: whatever the source allocates
             self._worker_pool = True
             use_loader_memory_pool()
         spec = self._next_spec()
@@ -406,7 +409,7 @@ class StreamingDataset(IterableDataset):
         part = Partition(spec.remaining, spec.world_size, spec.rank, spec.block, spec.drop_last)
         skip = _worker_skip(spec, world)
         chunks = part.worker_chunks(world.worker, world.num_workers, skip)
-        progress = _Progress(spec, part, world, skipped=skip)
+        progress = _Progress(spec, part, world, skipped=skip, in_worker=in_worker)
         if not spec.by_loader:
             self._progress = progress
         return self._generate(plan, part, chunks, progress, Lead.of(self._turns, world))
@@ -543,9 +546,9 @@ def _views_hold(schema: Sequence[Field] | None, columns: Sequence[str] | None) -
 
 
 def _warn_read_ahead_lost(worker: int) -> None:
-    """Say that a persistent worker of another loader starts over an iteration it left:
-    it cannot know which of the batches it read ahead were delivered (only the training
-    process does), so it goes on after them and they are never delivered."""
+    """Warn that a persistent worker of a loader other than ours begins an iteration while
+    its last one was left unfinished: only the training process knows which of the batches
+    the worker read ahead were delivered, so the worker goes on after all of them."""
     warnings.warn(
         f"DataLoader worker {worker}: a new iteration began before the last one ended; a "
         "persistent worker cannot tell which of the batches it read ahead (prefetch_factor) "

@@ -265,7 +265,7 @@ def test_works_under_torchdata_stateful_dataloader(source, total_records, num_wo
     assert sorted(before + after) == list(range(total_records))
 
 
-_BREAK_THEN_ITERATE_AGAIN = """
+_PERSISTENT_WORKERS_BREAK = """
 import sys
 from torchdata.stateful_dataloader import StatefulDataLoader
 from loaders import StreamingDataset
@@ -278,19 +278,40 @@ for k, _ in enumerate(loader):
 next(iter(loader))
 """
 
+# The dataset iterated in this process counts exactly what it yielded: workers forked after
+# a break there go on from it, and have nothing to warn about.
+_IN_PROCESS_BREAK = """
+import sys
+from torch.utils.data import DataLoader
+from loaders import StreamingDataset
+from tests.loaders._shards import IpcShardSource
+ds = StreamingDataset(IpcShardSource.from_folder(sys.argv[1]), shuffle=True, batch_size=8)
+seen = []
+for k, batch in enumerate(ds):
+    seen += batch["id"].tolist()
+    if k == 4:
+        break
+seen += [i for b in DataLoader(ds, batch_size=None, num_workers=2) for i in b["id"].tolist()]
+print(len(seen), len(set(seen)))
+"""
 
-def test_a_persistent_worker_of_another_loader_says_when_a_break_loses_its_read_ahead(shard_folder):
+
+@pytest.mark.parametrize(("script", "warned"), [(_PERSISTENT_WORKERS_BREAK, 2), (_IN_PROCESS_BREAK, 0)])
+def test_a_worker_says_when_a_break_loses_its_read_ahead(shard_folder, total_records, script, warned):
     # Only the training process knows which read-ahead batches were delivered: a
     # persistent worker iterated again after a break says so on stderr, once per worker.
     out = subprocess.run(
-        [sys.executable, "-c", _BREAK_THEN_ITERATE_AGAIN, str(shard_folder)],
+        [sys.executable, "-c", script, str(shard_folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stderr.count("a new iteration began before the last one ended") == 2, out.stderr[-3000:]
+    said = out.stderr.count("a new iteration began before the last one ended")
+    assert said == warned, out.stderr[-3000:]
+    if script is _IN_PROCESS_BREAK:
+        assert out.stdout.split() == [str(total_records)] * 2, "records repeated or skipped"
 
 
 def test_stateful_dataloader_persistent_workers_continue_exactly_from_their_own_state(source, total_records):
