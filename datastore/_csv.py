@@ -1,32 +1,32 @@
-"""CSV/TSV reader: pyarrow's streaming CSV reader, Python's csv module only to diagnose.
+"""CSV/TSV reader: pyarrow's streaming CSV reader splits fields, :mod:`datastore._csvtypes`
+types them, Python's csv module only reads the header and diagnoses.
 
-Types are inferred (null, bool, int64, double, string; dates and times stay strings, so
-they come back as written; a number is a number, so ``00501`` or ``+1555`` comes back
-as 501 or 1555.0: keep such identifiers in JSONL or Parquet strings) and widened
-leniently: a column that meets a value its type cannot hold becomes the next type up
-(int64 → double → string), which restarts the ingest with the wider schema (see
-:mod:`datastore._sourcebase`). Rows with the wrong number of fields fail naming their
-line, or are skipped and counted with ``on_error="skip"``.
+Every column is read as text and typed here (null, bool, int64, double, string; dates and
+times stay strings, and so do numbers written with a leading zero, such as ``00501``, so
+both come back as written) and widened leniently: a column that meets a value its type
+cannot hold becomes the next type up (int64 → double → string), which restarts the
+ingest with the wider schema (see :mod:`datastore._sourcebase`). Rows with the wrong
+number of fields fail naming their line, or are skipped and counted with
+``on_error="skip"``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from cachetier.errors import BadInputError
+from datastore._csvtypes import column_type, to_type
 from datastore._input import open_input, sniff_binary
-from datastore._schema import conform, same_types, widen, widen_schema
+from datastore._schema import conform, same_types, widen_schema
 from datastore._sourcebase import ReadContext
 
 __all__ = ["read_csv"]
 
-_CONVERSION = re.compile(r"column #(\d+): CSV conversion error to (\S+): invalid value '(.*)'$", re.S)
 _HEAD_BYTES = 64 << 10
 
 
@@ -81,7 +81,7 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
             return
         if not ctx.skip:
             sniff_binary(head, display)
-        known = {f.name: f.type for f in ctx.schema} if ctx.schema is not None else {}
+        names, head = _header(head, stream, delimiter, display)
         source = _Prefixed(head, stream)
         try:
             reader = pcsv.open_csv(
@@ -92,17 +92,20 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
                 parse_options=pcsv.ParseOptions(
                     delimiter=delimiter, newlines_in_values=True, invalid_row_handler=on_invalid
                 ),
-                convert_options=_convert_options(known),
+                convert_options=pcsv.ConvertOptions(
+                    column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False
+                ),
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
             raise _failure(ctx, delimiter, e, bad_rows) from e
-        schema = _file_schema(ctx, reader.schema, delimiter)
         try:
             for batch in reader:
                 ctx.stats.records += batch.num_rows
-                yield conform(batch, schema)
+                yield conform(_typed(ctx, delimiter, batch), ctx.schema)
         except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-            raise _failure(ctx, delimiter, e, bad_rows, reader.schema) from e
+            raise _failure(ctx, delimiter, e, bad_rows) from e
+        if ctx.schema is None:  # a header and no records
+            ctx.define_schema(pa.schema([pa.field(name, pa.null()) for name in reader.schema.names]))
         if source.quotes % 2:  # Arrow takes the rest of the file as the open field's value
             line = _scan(ctx, delimiter, lambda row: False, last=True)
             raise BadInputError(
@@ -114,51 +117,74 @@ def read_csv(ctx: ReadContext) -> Iterator[pa.RecordBatch]:
         ctx.stats.hash = tap.hexdigest()
 
 
-def _file_schema(ctx: ReadContext, header: pa.Schema, delimiter: str) -> pa.Schema:
-    """Check the header; widen or adopt the ingest schema; return the schema to yield."""
-    display = ctx.spec.display
+def _header(head: bytes, stream, delimiter: str, display: str) -> tuple[list[str], bytes]:
+    """The names in the header row, and ``head`` read on until it holds that row whole."""
+    while True:
+        text = io.StringIO(head.decode("utf-8-sig", errors="replace"), newline="")
+        rows = csv.reader(text, delimiter=delimiter)
+        try:  # Arrow skips empty lines, the header's too
+            names = next((row for row in rows if row), [])
+            whole = next(rows, None) is not None
+        except csv.Error:
+            names, whole = [], False
+        more = b"" if whole else stream.read(_HEAD_BYTES)
+        if not more:
+            break
+        head += more
     seen = set()
-    for name in header.names:
+    for name in names:
         if name in seen:
             raise BadInputError(f"duplicate column name {name!r} in the header", subject=f"{display}:1")
         seen.add(name)
-    for field in header:
-        if pa.types.is_binary(field.type):
-            line = _scan(ctx, delimiter, lambda row: False)
-            raise BadInputError(
-                f"not valid UTF-8 text (column {field.name!r})", subject=f"{display}:{line or 1}"
-            )
-    file_schema = pa.schema([pa.field(f.name, _normalize(f.type)) for f in header])
+    return names, head
+
+
+def _typed(ctx: ReadContext, delimiter: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` (text columns) typed: in the ingest schema's types, or the least types
+    that hold it for the first batch; raises SchemaWidened (or a BadInputError naming the
+    line, where the schema is locked) when a column needs a wider type."""
+    known = {f.name: f.type for f in ctx.schema} if ctx.schema is not None else {}
+    arrays, wider = [], {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        text = column if pa.types.is_string(column.type) else column.cast(pa.string())
+        typed = to_type(text, known[name]) if name in known else None
+        if typed is None:
+            wider[name] = column_type(text)
+            typed = to_type(text, wider[name])
+        arrays.append(typed)
+    typed_batch = pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
     if ctx.schema is None:
-        if not same_types(file_schema, header):  # dates and times: read them again as text
-            ctx.widen(file_schema, f"{display}:1")
-        ctx.define_schema(file_schema)
-        return file_schema
-    wider, column = widen_schema(ctx.schema, file_schema, lenient=True)
-    if wider is None or not same_types(wider, ctx.schema):
-        ctx.widen(wider, f"{display}:1", column)
-    return ctx.schema
+        ctx.define_schema(typed_batch.schema)
+    elif wider:
+        _widen(ctx, delimiter, batch, wider)
+    return typed_batch
 
 
-def _failure(ctx, delimiter, error, bad_rows, header: pa.Schema | None = None) -> Exception:
-    """Turn a pyarrow CSV error into a widening (raised) or a one-line BadInputError."""
+def _widen(ctx: ReadContext, delimiter: str, batch: pa.RecordBatch, wider: dict[str, pa.DataType]) -> None:
+    """Ask for the ingest schema widened by the columns ``wider`` (raises)."""
+    display = ctx.spec.display
+    schema, column = widen_schema(ctx.schema, pa.schema(list(wider.items())), lenient=True)
+    if schema is not None and not ctx.locked and not same_types(schema, ctx.schema):
+        ctx.widen(schema, display, column)
+    name = column or next(iter(wider))
+    if name not in ctx.schema.names:
+        ctx.widen(None, display, name)
+    target = ctx.schema.field(name).type
+    text = batch.column(batch.schema.names.index(name))
+    value = next((v for v in text.to_pylist() if to_type(pa.array([v]), target) is None), None)
+    index = batch.schema.names.index(name)
+    line = _scan(ctx, delimiter, lambda row: len(row) > index and row[index] == value)
+    raise BadInputError(
+        f"column {name!r}: {value!r} is not a valid {target}",
+        subject=f"{display}:{line}" if line else display,
+        hint="all sources of one ingest need one schema",
+    )
+
+
+def _failure(ctx, delimiter, error, bad_rows) -> Exception:
+    """Turn a pyarrow CSV error into a one-line BadInputError naming the line."""
     display = ctx.spec.display
     text = str(error)
-    match = _CONVERSION.search(text)
-    if match and header is not None:
-        index, type_name, value = int(match.group(1)), match.group(2), match.group(3)
-        name = header.names[index]
-        current = ctx.schema.field(name).type
-        new_type = widen(current, _value_type(value), lenient=True)
-        if new_type is not None and not ctx.locked and not new_type.equals(current):
-            wider = pa.schema([pa.field(f.name, new_type if f.name == name else f.type) for f in ctx.schema])
-            ctx.widen(wider, display, name)
-        line = _scan(ctx, delimiter, lambda row: len(row) > index and row[index] == value)
-        return BadInputError(
-            f"column {name!r}: {value!r} is not a valid {type_name}",
-            subject=f"{display}:{line}" if line else display,
-            hint="all sources of one ingest need one schema",
-        )
     if bad_rows:
         expected, actual, row_text = bad_rows[0]
         line = _scan(ctx, delimiter, lambda row: len(row) != expected)
@@ -171,36 +197,6 @@ def _failure(ctx, delimiter, error, bad_rows, header: pa.Schema | None = None) -
         line = _scan(ctx, delimiter, lambda row: False)
         return BadInputError("not valid UTF-8 text", subject=f"{display}:{line}" if line else display)
     return BadInputError(f"cannot parse CSV: {text.splitlines()[0]}", subject=display)
-
-
-def _convert_options(column_types: dict[str, pa.DataType]) -> pcsv.ConvertOptions:
-    """Inference limited to the CSV lattice: no timestamps, and only words are booleans."""
-    return pcsv.ConvertOptions(
-        column_types=column_types,
-        timestamp_parsers=[],
-        strings_can_be_null=False,
-        true_values=["true", "True", "TRUE"],
-        false_values=["false", "False", "FALSE"],
-    )
-
-
-def _normalize(t: pa.DataType) -> pa.DataType:
-    """Dates and times that Arrow recognised stay text, so they come back as written."""
-    if pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t):
-        return pa.string()
-    return t
-
-
-def _value_type(value: str) -> pa.DataType:
-    """The type Arrow infers for one value (what a whole-file inference would see)."""
-    text = io.StringIO()
-    csv.writer(text).writerows([["v"], [value]])
-    table = pcsv.read_csv(
-        io.BytesIO(text.getvalue().encode()),
-        parse_options=pcsv.ParseOptions(newlines_in_values=True),
-        convert_options=_convert_options({}),
-    )
-    return _normalize(table.schema.field(0).type)
 
 
 def _scan(

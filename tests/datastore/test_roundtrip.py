@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
 import os
@@ -81,6 +82,19 @@ def test_csv_round_trip(cli, repo_url: str, tmp_path: Path) -> None:
     original = pacsv.read_csv(src)
     back = pa.concat_tables(pacsv.read_csv(p) for p in sorted(out.glob("*.csv")))
     assert back.to_pylist() == original.to_pylist()
+
+
+def test_csv_identifiers_with_leading_zeros_round_trip_as_written(cli, repo_url: str, tmp_path: Path) -> None:
+    rows = [["zip", "code", "n"], ["00501", "-07", "1"], ["10001", "0x1F", "2"], ["02134", "12", "3"]]
+    src = tmp_path / "ids.csv"
+    src.write_text("".join(",".join(row) + "\n" for row in rows), "utf-8")
+    _init(cli, repo_url)
+    assert cli("ingest", src).code == 0
+    assert cli("version", "-m", "ids").code == 0
+    out = tmp_path / "out"
+    assert cli("checkout", "main", "--to", out, "--format", "csv").code == 0
+    back = [row for p in sorted(out.glob("*.csv")) for row in csv.reader(p.open(newline=""))]
+    assert back == rows
 
 
 def test_text_round_trip(cli, repo_url: str, tmp_path: Path) -> None:
