@@ -2,12 +2,12 @@
 types them, Python's csv module only reads the header and diagnoses.
 
 Every column is read as text and typed here (null, bool, int64, double, string; dates and
-times stay strings, and so do numbers written with a leading zero, such as ``00501``, so
-both come back as written) and widened leniently: a column that meets a value its type
-cannot hold becomes the next type up (int64 → double → string), which restarts the
-ingest with the wider schema (see :mod:`datastore._sourcebase`). Rows with the wrong
-number of fields fail naming their line, or are skipped and counted with
-``on_error="skip"``.
+times stay strings, and so do numbers written with a leading zero, such as ``00501``, and
+whole numbers beyond int64, so they come back as written) and widened leniently: a column
+that meets a value its type cannot hold becomes the next type up (int64 → double →
+string), which restarts the ingest with the wider schema (see
+:mod:`datastore._sourcebase`). Rows with the wrong number of fields fail naming their
+line, or are skipped and counted with ``on_error="skip"``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ rules are Arrow's CSV inference, with two differences:
 - a number written with a leading zero (``00501``, ``-07``, ``0x1F``) is text: it is an
   identifier (a ZIP or product code, a phone number) more often than a quantity, and as a
   number it would come back without its zeros. DuckDB's CSV sniffer draws the same line;
+- a whole number beyond int64 (a 20-digit id) is text, not a double that rounds it, as
+  pandas keeps it;
 - dates and times are text, so they come back as written.
 
 Null fields are Arrow's default null spellings (empty, ``NA``, ``null``, ``NaN``, ...) in
@@ -43,6 +45,8 @@ _INTEGER = re.compile(r"-?[0-9]+")
 _NULL_STARTS = np.frombuffer(b"Nn#", np.uint8)
 _NOT_AFTER_ZERO = np.frombuffer(b".eE", np.uint8)
 _ZERO, _PLUS, _MINUS = ord("0"), ord("+"), ord("-")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT64_DIGITS = 19  # no shorter field of digits lies outside int64
 
 
 def column_type(text: pa.Array) -> pa.DataType:
@@ -102,6 +106,8 @@ def _convert(text: pa.Array, null: pa.Array | None, type_: pa.DataType) -> pa.Ar
             continue
         if numeric and _leading_zero(values):
             return None
+        if pa.types.is_floating(type_) and _beyond_int64(values):
+            return None
         try:
             result = values.cast(type_)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -145,6 +151,17 @@ def _leading_zero(values: pa.Array) -> bool:
     zero_then = np.where(signed, c1 == _ZERO, c0 == _ZERO)
     after = np.where(signed, c2, c1)
     return bool(np.any(zero_then & (after != 0) & ~np.isin(after, _NOT_AFTER_ZERO)))
+
+
+def _beyond_int64(values: pa.Array) -> bool:
+    """True when some field is a whole number int64 cannot hold: a double would round it."""
+    lengths, _ = _chars(values, 0)
+    long = np.flatnonzero(lengths >= _INT64_DIGITS)
+    for i in long.tolist():
+        field = (values[i].as_py() or "").strip()
+        if _INTEGER.fullmatch(field) and not _INT64_MIN <= int(field) <= _INT64_MAX:
+            return True
+    return False
 
 
 def _with_nulls(text: pa.Array, null: pa.Array) -> pa.Array:
