@@ -11,6 +11,9 @@ Data (generated, fixed seed): one JSONL file of ``--records`` records of
                       bytes the store grew by
 * ``checkout_edited`` the edited version (tierdata rebuilds shards stored as deltas)
 * ``edit_clustered``  the same for 1% of the records in one run
+* ``edit_elsewhere``  another scattered 1% edit, ingested from a second workspace (a
+                      clone, a CI job) that did not write the version it edits; DVC:
+                      ``dvc add`` again (it stores the whole file wherever it runs)
 
 Run (after ``bash benchmarks/setup_dvc_env.sh``)::
 
@@ -71,6 +74,17 @@ def bench_tierdata(work: Path, rows: list[dict]) -> dict[str, Any]:
         if not clustered:
             target = work / "td-out-edited"
             out["checkout_edited"] = run([*DATASET, "checkout", "main", "--to", str(target)], proj)
+    # the next scattered edit, ingested from another workspace (a clone, a CI job)
+    elsewhere = work / "td-elsewhere"
+    elsewhere.mkdir()
+    edit(rows, seed=4, clustered=False)
+    write_rows(elsewhere / "d.jsonl", rows)
+    run([*DATASET, "init", str(repo)], elsewhere)
+    before = repo_bytes(repo)
+    out["edit_elsewhere"] = run([*DATASET, "ingest", "d.jsonl"], elsewhere) + run(
+        [*DATASET, "version", "-m", "elsewhere", "--replace"], elsewhere
+    )
+    out["edit_elsewhere_new_bytes"] = repo_bytes(repo) - before
     return out
 
 
@@ -96,6 +110,11 @@ def bench_dvc(work: Path, rows: list[dict]) -> dict[str, Any]:
         if not clustered:
             src.unlink()
             out["checkout_edited"] = run([DVC, "checkout", "-q"], proj)
+    edit(rows, seed=4, clustered=False)  # DVC stores the whole file wherever it is added
+    write_rows(src, rows)
+    before = dir_bytes(cache)
+    out["edit_elsewhere"] = run([DVC, "add", "-q", "d.jsonl"], proj)
+    out["edit_elsewhere_new_bytes"] = dir_bytes(cache) - before
     return out
 
 

@@ -18,7 +18,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,7 @@ def ingest(
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     lanes: int = 2,
     prefer_schema: pa.Schema | None = None,
+    delta_bases: Callable[[AbstractSet[str]], Iterable[tuple[str, Sequence[str]]]] | None = None,
 ) -> IngestResult:
     """Read ``sources`` and store their records as shards in ``objects``.
 
@@ -150,7 +152,10 @@ def ingest(
     ingested by up to ``lanes`` processes (see :mod:`datastore._lanes`); the shards are the same.
     ``prefer_schema`` (the schema of the data this will join) is taken when the sources'
     own schema differs from it only in column order or in columns that hold no values here,
-    so data that fits it can be appended to it.
+    so data that fits it can be appended to it. ``delta_bases`` yields (shard id, anchors)
+    of stored shards an edit may have rewritten (see :meth:`IngestIndex.learn_anchors_from`):
+    with it, a rewritten shard finds its delta base without an index that remembers it (an
+    in-memory index stands in where ``index`` is None).
     """
     if on_error not in ("fail", "skip"):
         raise BadInputError(
@@ -170,6 +175,9 @@ def ingest(
         lanes=lanes,
     )
     idx = _open_index(index, objects)
+    if delta_bases is not None:
+        idx = idx if idx is not None else IngestIndex(None, repo=objects.store.url)
+        idx.learn_anchors_from(delta_bases)
     workers = workers or max(2, os.cpu_count() or 1)
     budget = max(64 << 20, 2 * workers * shard_size)
     if specs[0].format == "files":

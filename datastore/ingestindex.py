@@ -13,7 +13,9 @@ few tens of milliseconds) that remembers:
   so a source whose types widen midway does not restart the ingest every time;
 - per large stored **shard**: its anchors (a bottom-k sketch of its record hashes, see
   :mod:`datastore.shardpatch`), so a shard rewritten by an edit can be stored as a delta
-  over the shard it replaces.
+  over the shard it replaces. An index that never saw the shards an edit replaces (a
+  fresh workspace, or none) learns their anchors from them when it first needs them
+  (:meth:`IngestIndex.learn_anchors_from`).
 
 It is a cache: a missing, unreadable or foreign (other repository, other format) index
 is an empty one, and losing it costs time, never correctness. Like git and DVC it trusts
@@ -25,19 +27,24 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
+from cachetier.errors import TierdataError
 from datastore.files import FileEntry
 from datastore.shards import ShardInfo
 
 __all__ = ["RACY_NS", "FileHit", "IngestIndex"]
+
+log = logging.getLogger(__name__)
 
 INDEX_FORMAT = 1
 RACY_NS = 100_000_000  # 0.1 s: above the mtime granularity of ext4, xfs, btrfs, tmpfs
@@ -67,6 +74,8 @@ class IngestIndex:
         self._anchors: dict[str, str] = {}  # anchor -> shard id, oldest first
         self._anchors_lock = threading.Lock()  # uploader threads remember and forget
         self._anchors_by_shard: dict[str, list[str]] | None = None  # made at the first forget
+        self._learn_from: Callable[[AbstractSet[str]], Iterable[tuple[str, Sequence[str]]]] | None = None
+        self._learn_lock = threading.Lock()
         self._generation = 0
         self._changes: list[tuple] | None = None
         self.dirty = False
@@ -234,7 +243,29 @@ class IngestIndex:
             self.dirty = self.dirty or bool(stale)
 
     def similar_shard(self, anchors: Sequence[str], *, exclude: str = "") -> str | None:
-        """The remembered shard sharing the most of ``anchors`` (at least two), or None."""
+        """The remembered shard sharing the most of ``anchors`` (at least two), or None.
+
+        When none does and :meth:`learn_anchors_from` gave a source, that source is read
+        first (once, by the first thread that asks; the others wait for it).
+        """
+        found = self._most_similar(anchors, exclude)
+        if found is None and self._learn_from is not None:
+            self._learn()
+            found = self._most_similar(anchors, exclude)
+        return found
+
+    def learn_anchors_from(
+        self, shards: Callable[[AbstractSet[str]], Iterable[tuple[str, Sequence[str]]]]
+    ) -> None:
+        """Where to learn anchors that were never remembered here: ``shards(known)`` yields
+        (shard id, anchors) of stored shards but the ``known`` ones (those this index has
+        anchors of), such as the shards of the version an ingest joins, which a workspace
+        that did not write them (a fresh one) does not know. It is called only when a shard
+        finds no similar one, at most once; what it yields never replaces an anchor
+        remembered here, and a failure in it only means fewer deltas."""
+        self._learn_from = shards
+
+    def _most_similar(self, anchors: Sequence[str], exclude: str) -> str | None:
         votes: dict[str, int] = {}
         with self._anchors_lock:
             for anchor in anchors:
@@ -245,6 +276,28 @@ class IngestIndex:
             return None
         best = max(votes, key=lambda k: votes[k])
         return best if votes[best] >= 2 else None
+
+    def _learn(self) -> None:
+        with self._learn_lock:  # threads that ask meanwhile wait here for what it learns
+            shards = self._learn_from
+            if shards is None:
+                return
+            try:
+                with self._anchors_lock:
+                    known = set(self._anchors.values())
+                for shard_id, anchors in shards(known):
+                    with self._anchors_lock:
+                        new = [a for a in anchors if a not in self._anchors]
+                        self._anchors.update(dict.fromkeys(new, shard_id))
+                        if self._anchors_by_shard is not None:
+                            self._anchors_by_shard.setdefault(shard_id, []).extend(new)
+                        if new and self._changes is not None:
+                            self._changes.append(("anchors", shard_id, new))
+                        self.dirty = self.dirty or bool(new)
+            except (TierdataError, pa.ArrowException, OSError) as e:
+                log.debug("anchors of the joined version not learned: %s", e)
+            finally:
+                self._learn_from = None
 
     # ---------------------------------------------------------------- another process's changes
 

@@ -19,7 +19,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,6 +274,7 @@ class Repo:
             index=index,
             progress=progress,
             prefer_schema=self._schema_to_join(joining),
+            delta_bases=self._delta_bases(joining, paths),
         )
         entry = {
             "format": result.format,
@@ -590,6 +592,53 @@ class Repo:
         from datastore.maintenance import gc
 
         return gc(self, dry_run=dry_run, grace_seconds=grace_seconds)
+
+    def _delta_bases(
+        self, joining: dict[str, Any], paths: Sequence[Any]
+    ) -> Callable[[AbstractSet[str]], Iterator[tuple[str, list[str]]]] | None:
+        """The large shards of the data an ingest joins (staged, else the base version), as
+        (shard id, anchors) read from the shards on demand, when a source of the ingest has
+        the name of one of that data's sources (an edited file ingested again); else None.
+
+        A workspace that wrote those shards remembers their anchors already; this is for
+        one that did not (a fresh clone, a CI job), so its re-ingest of an edit still stores
+        deltas. It happens only when some shard of the ingest is new, and reads once each
+        large shard the index has no anchors of. A shard stored as a delta lends the anchors
+        of the whole shard at the root of its chain (an edit ago, they are nearly all its
+        own), so it is not rebuilt.
+        """
+        names = {os.path.basename(os.fspath(p).rstrip("/")) for p in paths}
+        sources = [s for ingest in joining["ingests"] for s in ingest["sources"]]
+        if joining["base"] is not None:
+            sources += self.show(joining["base"]).record.operation.get("sources") or []
+        if not names & {os.path.basename(str(s.get("path", "")).rstrip("/")) for s in sources}:
+            return None
+
+        def shards(known: AbstractSet[str]) -> Iterator[tuple[str, list[str]]]:
+            from cachetier.deltas import MAX_DEPTH
+            from cachetier.packs import PACK_MEMBER_LIMIT
+            from datastore.recordhash import HASH_COLUMN
+            from datastore.shardpatch import anchors
+            from datastore.shards import read_shard
+
+            entries = [(s["hash"], s["bytes"]) for ingest in joining["ingests"] for s in ingest["shards"]]
+            if joining["base"] is not None:
+                entries += [(e.hash, e.bytes) for e in self.shard_table(joining["base"])]
+            roots: dict[str, list[str]] = {}
+            large = (h for h, size in entries if size >= PACK_MEMBER_LIMIT and h not in known)
+            for shard_id in dict.fromkeys(large):
+                root, found = shard_id, self.objects.delta_of(shard_id)
+                for _ in range(MAX_DEPTH):
+                    if found is None:
+                        roots.setdefault(root, []).append(shard_id)
+                        break
+                    root, found = found[0], self.objects.delta_of(found[0])
+            for root, data in self.objects.get_many(roots):
+                sketch = anchors(read_shard(data, [HASH_COLUMN]).column(0))
+                for shard_id in roots[root]:
+                    yield shard_id, sketch
+
+        return shards
 
     def staged_object_ids(self) -> set[str]:
         """Objects that staged ingests reference (gc keeps them)."""

@@ -95,6 +95,42 @@ def test_scattered_edit_with_default_options_stores_about_the_edit(
     assert cli("version", "-m", "fresh", "--json", cwd=fresh).json["data_hash"] == v2["data_hash"]
 
 
+@pytest.mark.parametrize("where", ["another workspace", "no workspace"])
+def test_an_edit_ingested_where_its_base_was_not_written_is_stored_as_deltas(
+    cli, repo_url: str, tmp_path: Path, where: str
+) -> None:
+    rows = list(sample_records(20000, seed=5))
+    first_dir, other = tmp_path / "first", tmp_path / "other"
+    first_dir.mkdir()
+    other.mkdir()
+    _write(first_dir / "d.jsonl", rows)
+    assert cli("init", repo_url, cwd=first_dir).code == 0
+    first = cli("ingest", first_dir / "d.jsonl", "--json", cwd=first_dir).json
+    cli("version", "-m", "base", cwd=first_dir)
+    _edit(rows, 0.01, seed=2)
+    edited = other / "d.jsonl"  # the same file, edited on another machine (a clone, a CI job)
+    _write(edited, rows)
+    if where == "another workspace":
+        assert cli("init", repo_url, cwd=other).code == 0
+        second = cli("ingest", edited, "--json", cwd=other).json
+        v2 = cli("version", "-m", "edit", "--replace", "--json", cwd=other).json["version"]
+    else:
+        repo = Repo.open(repo_url)
+        second = repo.ingest(edited)
+        v2 = repo.commit("edit", replace=True).version
+    assert second["records"] == 20000
+    assert 0 < second["new_bytes"] <= 0.10 * first["bytes"], (second, first)
+    out = tmp_path / "out"
+    assert cli("checkout", v2, "--to", out, "--format", "jsonl", cwd=first_dir).code == 0
+    assert _records(out) == rows
+    # new data under another name is not compared with the version's shards: nothing is read
+    fresh = list(sample_records(20000, seed=9))
+    _write(other / "new.jsonl", fresh)
+    repo = Repo.open(repo_url)
+    assert repo._delta_bases({"base": repo.head_version, "ingests": []}, [other / "new.jsonl"]) is None
+    assert repo.ingest(other / "new.jsonl")["new_bytes"] > 0.9 * first["bytes"]
+
+
 def test_edit_after_edit_keeps_chains_short_and_every_version_readable(
     cli, local_url: str, tmp_path: Path
 ) -> None:
@@ -443,6 +479,40 @@ def test_anchors_are_remembered_and_forgotten_from_many_threads(tmp_path: Path) 
     copy.apply_changes(index.changes())
     assert copy.similar_shard(["00000001a", "00000001b"]) is None
     assert copy.similar_shard(["00000002c", "00000002d"]) == f"{100002:064x}"
+
+
+def test_anchors_learned_on_demand_once_without_replacing_remembered_ones() -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from datastore.ingestindex import IngestIndex
+
+    index = IngestIndex(None)
+    index.remember_anchors("b" * 64, ["x1", "x2"])
+    calls = []
+
+    def shards(known):
+        calls.append(set(known))
+        time.sleep(0.2)  # the other threads ask meanwhile: they wait, then find
+        yield "a" * 64, ["a1", "a2", "x1"]
+        yield "c" * 64, ["x1", "x2"]
+
+    assert index.similar_shard(["x1", "x2"]) == "b" * 64  # found: nothing is read
+    index.learn_anchors_from(shards)
+    assert calls == []
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda _: index.similar_shard(["a1", "a2"]), range(8)))
+    assert found == ["a" * 64] * 8 and calls == [{"b" * 64}]  # told which shards it knows
+    assert index.similar_shard(["x1", "x2"]) == "b" * 64  # remembered here: kept
+    assert index.similar_shard(["n1", "n2"]) is None and len(calls) == 1  # learned once
+
+    def broken(known):
+        yield "d" * 64, ["d1", "d2"]
+        raise OSError("the store went away")
+
+    failing = IngestIndex(None)
+    failing.learn_anchors_from(broken)
+    assert failing.similar_shard(["d1", "d2"]) == "d" * 64  # what came before the failure
 
 
 def test_a_delta_with_a_damaged_header_is_stored_whole_by_the_next_ingest(
