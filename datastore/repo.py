@@ -21,6 +21,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = ["DEFAULT_BRANCH", "Repo", "VersionInfo", "schema_from_dict", "schema_
 DEFAULT_BRANCH = "main"
 REPO_FORMAT = 1
 _REPO_JSON = "repo.json"
+_LEARN_THREADS = 4  # shards read at once to learn delta bases (each up to a shard of memory)
 
 
 @dataclass(frozen=True)
@@ -602,10 +604,9 @@ class Repo:
 
         A workspace that wrote those shards remembers their anchors already; this is for
         one that did not (a fresh clone, a CI job), so its re-ingest of an edit still stores
-        deltas. It happens only when some shard of the ingest is new, and reads once each
-        large shard the index has no anchors of. A shard stored as a delta lends the anchors
-        of the whole shard at the root of its chain (an edit ago, they are nearly all its
-        own), so it is not rebuilt.
+        deltas. It happens only when some shard of the ingest is new, and reads the record
+        hashes of each large shard the index has no anchors of; a shard stored as a delta is
+        not rebuilt for them (:func:`~datastore.shardpatch.stored_record_hashes`).
         """
         names = {os.path.basename(os.fspath(p).rstrip("/")) for p in paths}
         sources = [s for ingest in joining["ingests"] for s in ingest["sources"]]
@@ -615,28 +616,24 @@ class Repo:
             return None
 
         def shards(known: AbstractSet[str]) -> Iterator[tuple[str, list[str]]]:
-            from cachetier.deltas import MAX_DEPTH
             from cachetier.packs import PACK_MEMBER_LIMIT
-            from datastore.recordhash import HASH_COLUMN
-            from datastore.shardpatch import anchors
-            from datastore.shards import read_shard
+            from datastore.shardpatch import anchors, stored_record_hashes
 
             entries = [(s["hash"], s["bytes"]) for ingest in joining["ingests"] for s in ingest["shards"]]
             if joining["base"] is not None:
                 entries += [(e.hash, e.bytes) for e in self.shard_table(joining["base"])]
-            roots: dict[str, list[str]] = {}
-            large = (h for h, size in entries if size >= PACK_MEMBER_LIMIT and h not in known)
-            for shard_id in dict.fromkeys(large):
-                root, found = shard_id, self.objects.delta_of(shard_id)
-                for _ in range(MAX_DEPTH):
-                    if found is None:
-                        roots.setdefault(root, []).append(shard_id)
-                        break
-                    root, found = found[0], self.objects.delta_of(found[0])
-            for root, data in self.objects.get_many(roots):
-                sketch = anchors(read_shard(data, [HASH_COLUMN]).column(0))
-                for shard_id in roots[root]:
-                    yield shard_id, sketch
+            large = [h for h, size in dict(entries).items() if size >= PACK_MEMBER_LIMIT and h not in known]
+
+            def sketch(shard_id: str) -> list[str] | None:  # in a thread: only anchors stay in memory
+                try:
+                    return anchors(stored_record_hashes(self.objects, shard_id))
+                except TierdataError:  # a damaged shard or delta is verify's to report
+                    return None
+
+            with ThreadPoolExecutor(_LEARN_THREADS) as pool:
+                for shard_id, found in zip(large, pool.map(sketch, large)):
+                    if found is not None:
+                        yield shard_id, found
 
         return shards
 

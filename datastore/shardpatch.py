@@ -33,8 +33,9 @@ import blake3
 import numpy as np
 import pyarrow as pa
 
-from cachetier.deltas import MAX_DEPTH, encode_delta
+from cachetier.deltas import MAX_DEPTH, decode_delta, delta_key, encode_delta
 from cachetier.errors import IntegrityError
+from cachetier.objects import ObjectStore
 from datastore.recordhash import HASH_COLUMN, digest_prefixes
 from datastore.shardobjects import CODEC, shard_objects
 from datastore.shards import EncodedShard, PendingShard, ShardOptions, batch_ends, encode_rows, read_shard
@@ -47,6 +48,7 @@ __all__ = [
     "delta_payload",
     "make_shard_delta",
     "shard_objects",
+    "stored_record_hashes",
 ]
 
 #: How many record hashes sketch a shard (its bottom-k anchors).
@@ -146,6 +148,35 @@ def _payload(
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     return _LENGTH.pack(len(head)) + head + new_data
+
+
+def stored_record_hashes(objects: ObjectStore, shard_id: str) -> pa.Array:
+    """The record hashes of a stored shard, in order, without rebuilding the shard: one
+    stored as a delta takes them from its base's (down its chain) and its new records, as
+    its runs say, checked against the digest the delta recorded. IntegrityError for a
+    damaged delta or chain; only the whole shard at the chain's root is read in full."""
+    subject = f"shard {shard_id}"
+    chain, oid = [], shard_id
+    for _ in range(MAX_DEPTH + 1):
+        found = objects.delta_of(oid)
+        if found is None:
+            break
+        chain.append(oid)
+        oid = found[0]
+    else:
+        raise IntegrityError("delta chain is deeper than its headers say", subject=subject)
+    hashes = _one_array(read_shard(objects.get(oid), [HASH_COLUMN]).column(0))
+    for delta_id in reversed(chain):
+        delta = decode_delta(objects.store.get(delta_key(delta_id)), delta_id)
+        header, new_data = _parse(delta.payload, f"shard {delta_id}")
+        new = _one_array(read_shard(new_data, [HASH_COLUMN]).column(0))
+        rows = _expand(header["runs"])
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(hashes) + len(new)):
+            raise IntegrityError("delta names rows its base and records do not hold", subject=subject)
+        hashes = pa.concat_arrays([hashes, new]).take(pa.array(rows))
+        if _digest(hashes) != header["digest"]:
+            raise IntegrityError("shard rebuilt from its delta holds other records", subject=subject)
+    return hashes
 
 
 def _locate(base: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

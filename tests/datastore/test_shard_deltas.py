@@ -123,6 +123,14 @@ def test_an_edit_ingested_where_its_base_was_not_written_is_stored_as_deltas(
     out = tmp_path / "out"
     assert cli("checkout", v2, "--to", out, "--format", "jsonl", cwd=first_dir).code == 0
     assert _records(out) == rows
+    # the version's shards are deltas now: a third workspace learns their chain roots' anchors
+    _edit(rows, 0.01, seed=3)
+    third = tmp_path / "third"
+    third.mkdir()
+    _write(third / "d.jsonl", rows)
+    assert cli("init", repo_url, cwd=third).code == 0
+    again = cli("ingest", third / "d.jsonl", "--json", cwd=third).json
+    assert 0 < again["new_bytes"] <= 0.10 * first["bytes"], (again, first)
     # new data under another name is not compared with the version's shards: nothing is read
     fresh = list(sample_records(20000, seed=9))
     _write(other / "new.jsonl", fresh)
@@ -280,6 +288,36 @@ def test_a_delta_chain_longer_than_its_headers_say_is_refused_not_followed(tmp_p
     with pytest.raises(IntegrityError, match="deeper than its header"):
         objects.get(c.hash)
     assert not objects.exists(c.hash)
+
+
+def test_record_hashes_of_a_delta_chain_without_a_rebuild(tmp_path: Path) -> None:
+    from datastore.recordhash import HASH_COLUMN
+    from datastore.shardpatch import stored_record_hashes
+    from datastore.shards import read_shard
+
+    objects = shard_objects(LocalStore(tmp_path / "repo"))
+    rows = list(sample_records(3000, seed=14))
+    [(a, _)] = _shards(rows)
+    del rows[10:40]  # drops, a change and an insert: the rows move, not only their values
+    rows[100] = {**rows[100], "text": "b"}
+    [(b, pb)] = _shards(rows)
+    rows.insert(7, {**rows[500], "text": "c"})
+    [(c, pc)] = _shards(rows)
+    objects.put(a.data)
+    objects.put_delta(b.hash, make_shard_delta(b, pb, ShardOptions(), a.hash, a.data, 0))
+    objects.put_delta(c.hash, make_shard_delta(c, pc, ShardOptions(), b.hash, b.data, 1))
+    assert objects.delta_of(c.hash) == (b.hash, 2)
+    for shard in (a, b, c):
+        expected = read_shard(shard.data, [HASH_COLUMN]).column(0).combine_chunks()
+        assert stored_record_hashes(objects, shard.hash).equals(expected)
+    delta_c = objects.store.get(delta_key(c.hash))
+    objects.put_delta(c.hash, _rewrapped(delta_c, c.hash, b.hash, depth=2, digest="0" * 64))
+    with pytest.raises(IntegrityError, match="other records"):
+        stored_record_hashes(objects, c.hash)
+    delta_b = objects.store.get(delta_key(b.hash))
+    objects.put_delta(b.hash, _rewrapped(delta_b, b.hash, c.hash, depth=1))  # b over c over b
+    with pytest.raises(IntegrityError, match="deeper than its header"):
+        stored_record_hashes(objects, c.hash)
 
 
 def _delta_over_a_reset_shard(cli, url: str, tmp_path: Path, seed: int) -> tuple[list[dict], Path, str, str]:
