@@ -2,7 +2,7 @@
 
 A column's type is the least of ``null``, ``bool``, ``int64``, ``double`` that holds every
 field, ``string`` when none does (the lenient lattice of :mod:`datastore._schema`). The
-rules are Arrow's CSV inference, with two differences:
+rules are Arrow's CSV inference, with these differences:
 
 - a number written with a leading zero (``00501``, ``-07``, ``0x1F``) is text: it is an
   identifier (a ZIP or product code, a phone number) more often than a quantity, and as a
@@ -37,8 +37,8 @@ _NULLS = pa.array(
         *("N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"),
     ]
 )
-_TRUE = pa.array(["true", "True", "TRUE"])
-_WORDS = pa.array(["true", "True", "TRUE", "false", "False", "FALSE"])
+_TRUE_WORDS, _FALSE_WORDS = ("true", "True", "TRUE"), ("false", "False", "FALSE")
+_TRUE, _WORDS = pa.array(_TRUE_WORDS), pa.array(_TRUE_WORDS + _FALSE_WORDS)
 # a leading zero followed by anything but the decimal point or an exponent
 _LEADING_ZERO = r"^[+-]?0[^.eE]"
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -56,7 +56,7 @@ def column_type(text: pa.Array) -> pa.DataType:
     if first is None:
         return pa.null()
     # The first value rules out most of the ladder: the others must join with it.
-    if first in ("true", "True", "TRUE", "false", "False", "FALSE"):
+    if first in _TRUE_WORDS + _FALSE_WORDS:
         ladder: tuple[pa.DataType, ...] = (pa.bool_(),)
     elif re.match(_LEADING_ZERO, first):
         return pa.string()
@@ -156,12 +156,13 @@ def _leading_zero(values: pa.Array) -> bool:
 def _beyond_int64(values: pa.Array) -> bool:
     """True when some field is a whole number int64 cannot hold: a double would round it."""
     lengths, _ = _chars(values, 0)
-    long = np.flatnonzero(lengths >= _INT64_DIGITS)
-    for i in long.tolist():
-        field = (values[i].as_py() or "").strip()
-        if _INTEGER.fullmatch(field) and not _INT64_MIN <= int(field) <= _INT64_MAX:
-            return True
-    return False
+    long = lengths >= _INT64_DIGITS
+    if not long.any():
+        return False
+    whole = values.filter(pa.array(long))  # long decimals are common: keep the integers
+    whole = whole.filter(pc.equal(pc.find_substring(whole, "."), -1))
+    whole = whole.filter(pc.match_substring_regex(whole, r"^\s*-?[0-9]+\s*$"))
+    return any(not _INT64_MIN <= int(field) <= _INT64_MAX for field in whole.to_pylist())
 
 
 def _with_nulls(text: pa.Array, null: pa.Array) -> pa.Array:
