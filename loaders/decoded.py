@@ -123,7 +123,7 @@ class DecodedShard:
             reads, mapped = {}, 0
             for name, (_, parts) in chunks.items():
                 index = sum(_index_bytes(c) for c in parts)
-                values = sum(_column_bytes(c) for c in parts) - index
+                values = sum(_value_bytes(c) for c in parts)
                 if values >= _READ_ROW_BYTES * self.rows:
                     reads[name] = read
                     mapped += index
@@ -268,6 +268,14 @@ def _index_bytes(column: Column | Any) -> int:
         return 0
     own = sum(a.nbytes for a in (column.valid, column.offsets) if a is not None)
     return own + (_index_bytes(column.child) if column.child is not None else 0)
+
+
+def _value_bytes(column: Column | Any) -> int:
+    """Bytes of a column's values (what a reader copies out), children included."""
+    if not isinstance(column, Column):
+        return 0
+    own = column.values.nbytes if column.values is not None else 0
+    return own + (_value_bytes(column.child) if column.child is not None else 0)
 
 
 def _column_bytes(column: Column) -> int:

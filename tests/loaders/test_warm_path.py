@@ -281,6 +281,16 @@ def test_a_decoded_file_gives_the_batches_its_arrow_table_gives(names, sizes, nu
         _same(batch_from_pieces(kinds, [piece]), batch_from_pieces(arrow_kinds, [arrow_piece]))
 
 
+def test_a_column_of_nulls_counts_no_value_bytes_of_its_validity():
+    # Found by the property above: one null in a binary column has a validity byte and no
+    # values; counting it as -1 value bytes left the column out of the pread readers.
+    table = pa.table({"bin": pa.array([None], pa.binary()), "n": pa.array([None], pa.int64())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert set(_from_mapped_file(sink.getvalue()).reads) == {"bin", "n"}
+
+
 def _from_mapped_file(buffer: pa.Buffer, header: int = 64) -> DecodedShard:
     """A shard read as the RAM tier's decoded file is: an IPC file ``header`` bytes into a
     :class:`~cachetier.pages.FileMapping`, every column (however narrow) copied out with
