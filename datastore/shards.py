@@ -478,7 +478,7 @@ def _unreadable(e: BaseException) -> IntegrityError:
 
 
 def read_shard(
-    data: BytesLike | pa.Buffer,
+    data: BytesLike | pa.Buffer | pa.NativeFile,
     columns: Sequence[str] | None = None,
     *,
     with_hidden: bool = False,
@@ -489,8 +489,10 @@ def read_shard(
     columns (``__*``) are dropped unless ``with_hidden`` or named in ``columns``.
     ``plain``: no buffer is compressed (a decoded copy), so every column is mapped in
     place and the wanted ones selected; Arrow's column filter would copy them all.
+    ``data`` may be a random-access file (:meth:`~cachetier.objects.ObjectStore.open_ranged`
+    wrapped in ``pa.PythonFile``): only the footer and the wanted columns are read.
     """
-    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    buf = data if isinstance(data, (pa.Buffer, pa.NativeFile)) else pa.py_buffer(data)
     try:
         reader = pa.ipc.open_file(buf)
         names = reader.schema.names
@@ -505,7 +507,8 @@ def read_shard(
                 )
             wanted = list(columns)
         indices = sorted(names.index(c) for c in wanted)
-        if plain or (buf.size <= _READ_ALL_BELOW and all(n.startswith("__") or n in wanted for n in names)):
+        size = buf.size() if isinstance(buf, pa.NativeFile) else buf.size
+        if plain or (size <= _READ_ALL_BELOW and all(n.startswith("__") or n in wanted for n in names)):
             table = reader.read_all()  # in place, or cheaper than reopening to skip hidden columns
         else:
             reader = pa.ipc.open_file(buf, options=pa.ipc.IpcReadOptions(included_fields=indices))

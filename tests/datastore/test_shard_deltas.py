@@ -307,9 +307,15 @@ def test_record_hashes_of_a_delta_chain_without_a_rebuild(tmp_path: Path) -> Non
     objects.put_delta(b.hash, make_shard_delta(b, pb, ShardOptions(), a.hash, a.data, 0))
     objects.put_delta(c.hash, make_shard_delta(c, pc, ShardOptions(), b.hash, b.data, 1))
     assert objects.delta_of(c.hash) == (b.hash, 2)
+    fetched = []
+    get = objects.store.get
+    objects.store.get = lambda key, byte_range=None: fetched.append(len(data := get(key, byte_range))) or data
     for shard in (a, b, c):
+        fetched.clear()
         expected = read_shard(shard.data, [HASH_COLUMN]).column(0).combine_chunks()
         assert stored_record_hashes(objects, shard.hash).equals(expected)
+        assert sum(fetched) < 0.2 * len(a.data)  # the root's footer and hash column, the deltas
+    objects.store.get = get
     delta_c = objects.store.get(delta_key(c.hash))
     objects.put_delta(c.hash, _rewrapped(delta_c, c.hash, b.hash, depth=2, digest="0" * 64))
     with pytest.raises(IntegrityError, match="other records"):
