@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from cachetier.errors import BadInputError
-from datastore._csvtypes import column_type, to_type
+from datastore._csvtypes import least_typed, to_type
 from datastore._input import open_input, sniff_binary
 from datastore._schema import conform, same_types, widen_schema
 from datastore._sourcebase import ReadContext
@@ -149,8 +149,8 @@ def _typed(ctx: ReadContext, delimiter: str, batch: pa.RecordBatch) -> pa.Record
         text = column if pa.types.is_string(column.type) else column.cast(pa.string())
         typed = to_type(text, known[name]) if name in known else None
         if typed is None:
-            wider[name] = column_type(text)
-            typed = to_type(text, wider[name])
+            typed = least_typed(text)
+            wider[name] = typed.type
         arrays.append(typed)
     typed_batch = pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
     if ctx.schema is None:

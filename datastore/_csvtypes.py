@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["column_type", "to_type"]
+__all__ = ["least_typed", "to_type"]
 
 # Arrow's default ``ConvertOptions.null_values``.
 _NULLS = pa.array(
@@ -49,27 +49,28 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _INT64_DIGITS = 19  # no shorter field of digits lies outside int64
 
 
-def column_type(text: pa.Array) -> pa.DataType:
-    """The least type of the CSV lattice holding every field of ``text`` (a string array)."""
+def least_typed(text: pa.Array) -> pa.Array:
+    """``text`` (a string array) in the least type of the CSV lattice that holds every field."""
     null = pc.is_in(text, value_set=_NULLS)
     first = _first_value(text, null)
     if first is None:
-        return pa.null()
+        return pa.nulls(len(text))
     # The first value rules out most of the ladder: the others must join with it.
     if first in _TRUE_WORDS + _FALSE_WORDS:
         ladder: tuple[pa.DataType, ...] = (pa.bool_(),)
     elif re.match(_LEADING_ZERO, first):
-        return pa.string()
+        return text
     elif _INTEGER.fullmatch(first):
         ladder = (pa.int64(), pa.float64())
     elif _is_float(first):
         ladder = (pa.float64(),)
     else:
-        return pa.string()
+        return text
     for candidate in ladder:
-        if _convert(text, null, candidate) is not None:
-            return candidate
-    return pa.string()
+        typed = _convert(text, null, candidate)
+        if typed is not None:
+            return typed
+    return text
 
 
 def to_type(text: pa.Array, type_: pa.DataType) -> pa.Array | None:

@@ -216,16 +216,22 @@ class IngestIndex:
 
     def remember_anchors(self, shard_id: str, anchors: Sequence[str]) -> None:
         """Remember the anchors of a stored shard (see :meth:`similar_shard`)."""
-        if not anchors:
-            return
+        self._add_anchors(shard_id, anchors, replace=True)
+
+    def _add_anchors(self, shard_id: str, anchors: Sequence[str], *, replace: bool) -> None:
+        """Map ``anchors`` to ``shard_id``, as the newest; with ``replace`` False only the
+        anchors that map to no shard yet."""
         with self._anchors_lock:
-            for anchor in anchors:
+            added = list(anchors) if replace else [a for a in anchors if a not in self._anchors]
+            if not added:
+                return
+            for anchor in added:
                 self._anchors.pop(anchor, None)  # re-inserted as the newest
                 self._anchors[anchor] = shard_id
             if self._anchors_by_shard is not None:
-                self._anchors_by_shard.setdefault(shard_id, []).extend(anchors)
+                self._anchors_by_shard.setdefault(shard_id, []).extend(added)
             if self._changes is not None:
-                self._changes.append(("anchors", shard_id, list(anchors)))
+                self._changes.append(("anchors", shard_id, added))
             self.dirty = True
 
     def forget_anchors_of(self, shard_id: str) -> None:
@@ -286,14 +292,7 @@ class IngestIndex:
                 with self._anchors_lock:
                     known = set(self._anchors.values())
                 for shard_id, anchors in shards(known):
-                    with self._anchors_lock:
-                        new = [a for a in anchors if a not in self._anchors]
-                        self._anchors.update(dict.fromkeys(new, shard_id))
-                        if self._anchors_by_shard is not None:
-                            self._anchors_by_shard.setdefault(shard_id, []).extend(new)
-                        if new and self._changes is not None:
-                            self._changes.append(("anchors", shard_id, new))
-                        self.dirty = self.dirty or bool(new)
+                    self._add_anchors(shard_id, anchors, replace=False)
             except (TierdataError, pa.ArrowException, OSError) as e:
                 log.debug("anchors of the joined version not learned: %s", e)
             finally:
